@@ -1,0 +1,407 @@
+"""Throwaway single-node Apache Cassandra 5.0 server for tests (a CQL stand-in for ScyllaDB).
+
+The server jars come from Maven Central (see ``pom.xml`` next to this file) and are cached in
+``~/.cache/message-committer/cassandra-<version>/lib`` (override with ``CASSANDRA_JARS_DIR``).
+Java 17 and Maven must be on PATH. Everything binds to 127.0.0.1 on free ports; JMX is off.
+
+    python deploy/cassandra/cassandra_node.py fetch
+    python deploy/cassandra/cassandra_node.py start [--data-dir D] [--port P]
+
+Environment: ``CASSANDRA_HEAP`` (default ``1G``), ``CASSANDRA_JARS_DIR``, ``JAVA`` (java binary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal, Self
+
+CASSANDRA_VERSION = "5.0.9"  # keep in sync with pom.xml
+HOST = "127.0.0.1"
+READY_LINE = "Starting listening for CQL clients"
+HERE = Path(__file__).resolve().parent
+
+# From Cassandra's conf/jvm17-server.options (JPMS section) plus the netty settings there.
+_JAVA17_FLAGS = [
+    "-Djdk.attach.allowAttachSelf=true",
+    *(
+        f"--add-exports={m}=ALL-UNNAMED"
+        for m in (
+            "java.base/jdk.internal.misc",
+            "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+            "java.rmi/sun.rmi.registry",
+            "java.rmi/sun.rmi.server",
+            "java.sql/java.sql",
+            "java.base/java.lang.ref",
+            "jdk.unsupported/sun.misc",
+            "jdk.compiler/com.sun.tools.javac.file",
+            "jdk.attach/sun.tools.attach",
+        )
+    ),
+    *(
+        f"--add-opens={m}=ALL-UNNAMED"
+        for m in (
+            "java.base/java.lang.module",
+            "java.base/jdk.internal.loader",
+            "java.base/jdk.internal.ref",
+            "java.base/jdk.internal.reflect",
+            "java.base/jdk.internal.math",
+            "java.base/jdk.internal.module",
+            "java.base/jdk.internal.util.jar",
+            "jdk.management/com.sun.management.internal",
+            "java.base/sun.nio.ch",
+            "java.base/java.io",
+            "java.base/java.lang.reflect",
+            "jdk.compiler/com.sun.tools.javac",
+            "java.base/java.lang",
+            "java.base/java.util",
+        )
+    ),
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Dio.netty.allocator.useCacheForAllThreads=true",
+    "-Dio.netty.allocator.maxOrder=11",
+]
+
+
+class CassandraError(RuntimeError):
+    """The node failed to start or stop."""
+
+
+def jars_dir() -> Path:
+    env = os.environ.get("CASSANDRA_JARS_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path.home() / ".cache" / "message-committer" / f"cassandra-{CASSANDRA_VERSION}" / "lib"
+
+
+def ensure_jars(timeout: float = 1800) -> Path:
+    """Download Cassandra and its runtime deps with Maven, once; return the lib dir."""
+    lib = jars_dir()
+    marker = lib / ".complete"
+    if marker.exists():
+        return lib
+    lib.mkdir(parents=True, exist_ok=True)
+    with open(lib.parent / f".{lib.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be downloading right now
+        if marker.exists():
+            return lib
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise CassandraError("Maven ('mvn') is needed to download the Cassandra jars")
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(HERE / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-Dcassandra.version={CASSANDRA_VERSION}",
+            f"-Dcassandra.lib.dir={lib}",
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if res.returncode != 0 or not (lib / f"cassandra-all-{CASSANDRA_VERSION}.jar").exists():
+            raise CassandraError(
+                f"maven failed ({res.returncode}):\n{res.stdout[-4000:]}{res.stderr[-4000:]}"
+            )
+        marker.write_text(f"cassandra-all {CASSANDRA_VERSION}\n")
+    return lib
+
+
+def _java() -> str:
+    if "JAVA" in os.environ:
+        return os.environ["JAVA"]
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin" / "java") if home else "java"
+
+
+def free_port(*avoid: int) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return f"<no {path.name}>"
+
+
+_live: set[CassandraNode] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for node in list(_live):
+        node.kill()
+
+
+class CassandraNode:
+    """A single Cassandra node bound to 127.0.0.1; ports stay fixed across restart()."""
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        port: int | None = None,
+        *,
+        commitlog_sync: Literal["periodic", "batch"] = "periodic",
+    ) -> None:
+        """`commitlog_sync="periodic"` (fsync every 10s, like ScyllaDB's default) loses the last
+        few seconds of acknowledged writes on kill(); use "batch" for crash tests."""
+        self.commitlog_sync = commitlog_sync
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cassandra-")).resolve()
+        self._port = port or free_port()
+        self.storage_port = free_port(self._port)
+        self.heap = os.environ.get("CASSANDRA_HEAP", "1G")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    @property
+    def port(self) -> int:
+        """Native (CQL) transport port."""
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "logs" / "system.log"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.data_dir / "logs" / "stdout.log"
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _write_config(self) -> Path:
+        d = self.data_dir
+        conf = d / "conf" / "cassandra.yaml"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        sync = "commitlog_sync: batch"
+        if self.commitlog_sync == "periodic":
+            sync = "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
+        conf.write_text(f"""\
+cluster_name: message-committer-test
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+num_tokens: 1
+initial_token: 0
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "{HOST}:{self.storage_port}"
+listen_address: {HOST}
+rpc_address: {HOST}
+storage_port: {self.storage_port}
+native_transport_port: {self._port}
+start_native_transport: true
+data_file_directories: [{d / "data"}]
+commitlog_directory: {d / "commitlog"}
+saved_caches_directory: {d / "saved_caches"}
+hints_directory: {d / "hints"}
+cdc_raw_directory: {d / "cdc_raw"}
+authenticator: AllowAllAuthenticator
+authorizer: AllowAllAuthorizer
+role_manager: CassandraRoleManager
+paxos_variant: v2
+{sync}
+commitlog_segment_size: 16MiB
+auto_snapshot: false
+hinted_handoff_enabled: false
+memtable_heap_space: 64MiB
+memtable_offheap_space: 64MiB
+key_cache_size: 8MiB
+counter_cache_size: 0MiB
+file_cache_size: 32MiB
+prepared_statements_cache_size: 8MiB
+concurrent_reads: 8
+concurrent_writes: 8
+concurrent_counter_writes: 4
+concurrent_compactors: 1
+""")
+        return conf
+
+    def _command(self, lib: Path, conf: Path) -> list[str]:
+        jamm = sorted(lib.glob("jamm-*.jar"))
+        logdir = self.data_dir / "logs"
+        return [
+            _java(),
+            f"-Xms{self.heap}",
+            f"-Xmx{self.heap}",
+            "-Xss256k",
+            "-XX:+UseG1GC",
+            "-XX:+ParallelRefProcEnabled",
+            "-XX:MaxTenuringThreshold=1",
+            "-XX:MaxGCPauseMillis=300",
+            "-XX:+PerfDisableSharedMem",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-ea",
+            "-da:net.openhft...",
+            "-Djava.net.preferIPv4Stack=true",
+            *_JAVA17_FLAGS,
+            *([f"-javaagent:{jamm[-1]}"] if jamm else []),
+            f"-Dcassandra.config={conf.as_uri()}",
+            f"-Dcassandra.storagedir={self.data_dir}",
+            f"-Dcassandra.logdir={logdir}",
+            f"-Dlogback.configurationFile={HERE / 'logback.xml'}",
+            "-Dcassandra-foreground=yes",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.ring_delay_ms=1000",
+            "-Dcassandra.initial_token=0",
+            # no cassandra.jmx.local.port / remote.port => Cassandra starts no JMX server
+            "-cp",
+            f"{lib}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    def start(self, timeout: float = 180) -> None:
+        """Start the node and block until CQL clients can connect."""
+        if self.is_running():
+            raise CassandraError(f"already running (pid {self.pid})")
+        cmd = self._command(ensure_jars(), self._write_config())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.stdout_path, "ab") as out:
+            self._proc = subprocess.Popen(
+                cmd,
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _live.add(self)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._fail(f"java exited with code {self._proc.returncode} during start-up")
+            if self._log_has_ready_line(log_offset) and self._port_open():
+                return
+            time.sleep(0.25)
+        self.kill()
+        self._fail(f"not ready within {timeout:.0f}s")
+
+    def _log_has_ready_line(self, offset: int) -> bool:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return READY_LINE.encode() in f.read()
+        except OSError:
+            return False
+
+    def _port_open(self) -> bool:
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((HOST, self._port), timeout=1),
+        ):
+            return True
+        return False
+
+    def _fail(self, why: str) -> None:
+        _live.discard(self)
+        raise CassandraError(
+            f"Cassandra {why} (data dir {self.data_dir})\n"
+            f"--- {self.log_path} (tail) ---\n{_tail(self.log_path, 40)}\n"
+            f"--- {self.stdout_path} (tail) ---\n{_tail(self.stdout_path, 15)}"
+        )
+
+    def stop(self, grace: float = 30) -> None:
+        """SIGTERM (Cassandra drains on shutdown), then SIGKILL after `grace` seconds."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            _live.discard(self)
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        _live.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the node (simulated crash); data written so far survives a restart."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        _live.discard(self)
+
+    def restart(self, timeout: float = 180) -> None:
+        """Stop and start again with the same data dir and ports."""
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("fetch", help="only download the jars")
+    start = sub.add_parser("start", help="run a node in the foreground until SIGINT/SIGTERM")
+    start.add_argument("--data-dir", type=Path)
+    start.add_argument("--port", type=int, help="native (CQL) port; default: a free one")
+    start.add_argument("--timeout", type=float, default=180)
+    args = parser.parse_args(argv)
+    if args.cmd == "fetch":
+        print(ensure_jars())
+        return 0
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    node = CassandraNode(args.data_dir, args.port)
+    try:
+        node.start(args.timeout)
+        print(f"{node.host}:{node.port}", flush=True)
+        print(f"pid {node.pid} data dir {node.data_dir}", flush=True)
+        while not stopping and node.is_running():
+            time.sleep(0.5)
+        if not stopping:
+            print(
+                "cassandra exited unexpectedly; see " + str(node.log_path),
+                file=sys.stderr,
+            )
+            return 1
+    finally:
+        node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The two error families of the service.
+
+::
+
+    StoreError                   raised by a MessageStore / MembershipStore / Outbox
+    ├── StoreUnavailable         the dependency did not answer (connection, timeout);
+    │   └── StoreOutcomeUnknown  a write was sent but its outcome is unknown
+    ├── StoreConflict            a conditional step was refused: wrong prior state,
+    │                            a different publication, a missing record
+    ├── StoreNotFound            the addressed thing does not exist (conversation, ...)
+    ├── StoreAlreadyExists       a create met an existing thing (conversation)
+    ├── StoreForbidden           the actor is not a member of the conversation
+    ├── StoreInvalid             a query the store cannot serve as asked
+    └── StoreCorrupt             stored data could not be decoded
+
+    CommitError                  raised by MessageCommitter
+    ├── InvalidRequest           a malformed field (id, content, mentions, page size)
+    │   └── InvalidClientMessageId
+    ├── NotAMember               sender (or history actor) not in the conversation
+    ├── ConversationNotFound     the conversation does not exist
+    ├── QuotaExceeded            the sender's send quota is used up
+    ├── IdempotencyConflict      the key was used before by a different request
+    ├── Recoverable              the commit stopped part-way; the same key finishes it
+    ├── CommitNotFound           resume of a key that was never reserved
+    └── Unavailable              the backend is not ready (readiness, reads)
+
+Messages are written for the caller: they name fields and rules, never the
+message body, a connection string, a storage key, a table or a script.
+Backends translate their driver's exceptions into the StoreError family at
+their boundary (``raise StoreUnavailable(...) from exc``); nothing else
+crosses it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.domain.ids import CommitKey
+
+
+class StoreError(Exception):
+    """Root of every error a storage backend may raise."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend could not be reached or did not answer in time."""
+
+
+class StoreOutcomeUnknown(StoreUnavailable):
+    """A write was sent but whether it applied is unknown (e.g. CAS timeout).
+
+    Callers must re-read the durable state before deciding anything.
+    """
+
+
+class StoreConflict(StoreError):
+    """A conditional step was refused because the stored state does not allow it."""
+
+
+class StoreNotFound(StoreError):
+    """The addressed object (a conversation, usually) does not exist."""
+
+
+class StoreAlreadyExists(StoreError):
+    """A create met an object that already exists."""
+
+
+class StoreForbidden(StoreError):
+    """The actor is not a member of the conversation it tried to read."""
+
+
+class StoreInvalid(StoreError):
+    """The request to the store is malformed (a bad page size, a bad anchor)."""
+
+
+class StoreCorrupt(StoreError):
+    """Stored data could not be decoded; never silently repaired."""
+
+
+class CommitError(Exception):
+    """Root of every error MessageCommitter raises."""
+
+
+class InvalidRequest(CommitError):
+    """A field of the request breaks a documented rule."""
+
+
+class InvalidClientMessageId(InvalidRequest):
+    """The ClientMessageId is empty, too long or has forbidden characters."""
+
+
+class NotAMember(CommitError):
+    """The sender (or history reader) is not a member of the conversation."""
+
+
+class ConversationNotFound(CommitError):
+    """The conversation does not exist in this tenant."""
+
+
+class QuotaExceeded(CommitError):
+    """The sender sent more than the configured quota allows; retry later."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class IdempotencyConflict(CommitError):
+    """The CommitKey was already used by a request that differs from this one."""
+
+    def __init__(self, key: CommitKey) -> None:
+        super().__init__(
+            "client_message_id was already used by this sender for a different message"
+        )
+        self.key = key
+
+
+class Recoverable(CommitError):
+    """The commit stopped between durable steps; retrying the same key finishes it.
+
+    Never a success: no ACK may be built from it.
+    """
+
+    def __init__(self, key: CommitKey, conversation: str, reason: str) -> None:
+        super().__init__(f"commit not finished ({reason}); retry with the same key")
+        self.key = key
+        self.conversation = conversation
+        self.reason = reason
+
+
+class CommitNotFound(CommitError):
+    """Resume was asked for a key that has no intent (or it expired)."""
+
+
+class Unavailable(CommitError):
+    """The backend or the outbox is not available."""

@@ -1,0 +1,310 @@
+"""Domain types of one commit (DESIGN.md §2-§4).
+
+All types are frozen: a value handed to a store can never be changed behind
+its back. Nothing here does I/O or validation against configuration; see
+``service.domain.limits`` for the rules a request must satisfy.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from service.domain import identity
+from service.domain.ids import CommitKey
+
+
+class MessageType(enum.StrEnum):
+    """The kind of a message. CUSTOM requires a ``custom_type`` name."""
+
+    TEXT = "text"
+    IMAGE = "image"
+    FILE = "file"
+    AUDIO = "audio"
+    VIDEO = "video"
+    LOCATION = "location"
+    CUSTOM = "custom"
+
+
+@dataclass(frozen=True, slots=True)
+class BodyReference:
+    """A body stored elsewhere (an object store): where, how big, which bytes."""
+
+    uri: str
+    size_bytes: int
+    sha256: str = ""  # lowercase hex, or empty when the caller has no digest
+
+
+@dataclass(frozen=True, slots=True)
+class MessageContent:
+    """What was sent: a type, an optional custom type, and one body form.
+
+    Exactly one of ``body`` (inline bytes, may be empty only together with a
+    reference) and ``body_ref`` carries the body.
+    """
+
+    message_type: MessageType
+    body: bytes = b""
+    body_ref: BodyReference | None = None
+    custom_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthenticatedSend:
+    """A send request whose tenant, sender and device the gateway authenticated."""
+
+    tenant: str
+    sender: str
+    device: str
+    conversation: str
+    cmid: str
+    content: MessageContent
+    mentions: tuple[str, ...] = ()
+    reply_to: str = ""  # message id replied to, or empty
+
+    @property
+    def key(self) -> CommitKey:
+        return CommitKey(self.tenant, self.sender, self.cmid)
+
+    def canonical_identity(self) -> bytes:
+        """The legacy whole identity (header ``QIMC``); see ``identity``."""
+        return identity.canonical_identity(self)
+
+    def reserve_identity_digest(self) -> bytes:
+        """The current stored identity (header ``QIMD``); see ``identity``."""
+        return identity.reserve_identity_digest(self)
+
+    def matches_identity(self, stored: bytes) -> bool:
+        """True when ``stored`` (either form) identifies this very send."""
+        return identity.matches(self, stored)
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenDeliveryInput:
+    """Recipients fixed at commit time and the membership version they came from."""
+
+    recipients: tuple[str, ...]
+    membership_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveCandidate:
+    """Coordinates proposed before reserve; only the first reserve's are kept."""
+
+    message_id: str
+    server_ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """The canonical stored message, exactly as history will hold it."""
+
+    tenant: str
+    conversation: str
+    seq: int
+    message_id: str
+    sender: str
+    device: str
+    cmid: str
+    content: MessageContent
+    mentions: tuple[str, ...]
+    reply_to: str
+    server_ts_ms: int
+
+    def size_bytes(self) -> int:
+        """What the record weighs against a history page's byte limit."""
+        ref = self.content.body_ref
+        ids = (
+            self.conversation,
+            self.message_id,
+            self.sender,
+            self.device,
+            self.cmid,
+            self.reply_to,
+            self.content.custom_type,
+            *self.mentions,
+        )
+        ref_len = len(ref.uri) + len(ref.sha256) + 8 if ref else 0
+        return 32 + len(self.content.body) + ref_len + sum(len(i) for i in ids)
+
+
+class CommitState(enum.StrEnum):
+    """Where one commit stands. Only ever moves forward."""
+
+    RESERVED = "reserved"
+    RECORDED = "recorded"
+    OUTBOXED = "outboxed"
+    COMMITTED = "committed"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {
+    CommitState.RESERVED: 0,
+    CommitState.RECORDED: 1,
+    CommitState.OUTBOXED: 2,
+    CommitState.COMMITTED: 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxPublication:
+    """The outbox's durable acknowledgement: which stream, which position."""
+
+    stream: str
+    position: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedMessage:
+    """What SEND_ACK is made of. It says committed; nothing about delivery."""
+
+    conversation: str
+    cmid: str
+    message_id: str
+    seq: int
+    server_ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitIntent:
+    """The durable intent: every fact needed to finish the commit."""
+
+    key: CommitKey
+    identity: bytes
+    record: MessageRecord
+    delivery: FrozenDeliveryInput
+    state: CommitState
+    created_at_ms: int
+    publication: OutboxPublication | None = None
+
+    @property
+    def conversation(self) -> str:
+        return self.record.conversation
+
+    def committed_message(self) -> CommittedMessage:
+        r = self.record
+        return CommittedMessage(r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms)
+
+    def advanced(
+        self, state: CommitState, publication: OutboxPublication | None = None
+    ) -> CommitIntent:
+        """A copy moved forward to ``state`` (keeping a known publication)."""
+        return replace(self, state=state, publication=publication or self.publication)
+
+
+# --- results of reserve and load -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """First reserve for the key: the intent was persisted with new coordinates."""
+
+    intent: CommitIntent
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """The key has an unfinished intent; continue from ``intent.state``."""
+
+    intent: CommitIntent
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The key is committed; replay this ACK."""
+
+    message: CommittedMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """The key belongs to a different request; never ACK this one."""
+
+    key: CommitKey
+
+
+ReserveResult = Reserved | InProgress | Committed | Conflict
+LoadedCommit = InProgress | Committed | Conflict
+
+
+# --- history ---------------------------------------------------------------------
+
+
+class Direction(enum.StrEnum):
+    """BACKWARD pages towards older messages, FORWARD towards newer."""
+
+    BACKWARD = "backward"
+    FORWARD = "forward"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryQuery:
+    """One page request. ``anchor_seq`` is exclusive; 0 means "from the edge"."""
+
+    tenant: str
+    conversation: str
+    actor: str
+    direction: Direction = Direction.BACKWARD
+    anchor_seq: int = 0
+    limit: int = 50
+    max_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    """Records in page order plus the boundaries that make gaps readable.
+
+    * ``available_from_seq``: every seq below it was trimmed or expired; a
+      missing seq at or above it was never recorded (a lost reservation race,
+      or an intent recovery has not finished yet): a gap, not a loss.
+    * ``last_seq``: the highest sequence number allocated so far.
+    * ``next_anchor``: pass as ``anchor_seq`` for the next page; 0 when the
+      page reached the end in its direction.
+    """
+
+    conversation: str
+    direction: Direction
+    anchor_seq: int
+    max_bytes: int
+    records: tuple[MessageRecord, ...]
+    available_from_seq: int
+    last_seq: int
+    next_anchor: int = 0
+    truncated_by_bytes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A conversation's members at one version."""
+
+    tenant: str
+    conversation: str
+    members: frozenset[str]
+    version: int
+
+    def delivery(self) -> FrozenDeliveryInput:
+        return FrozenDeliveryInput(tuple(sorted(self.members)), self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPage:
+    """One page of a conversation's members, sorted by user id."""
+
+    members: tuple[str, ...]
+    version: int
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One message as the outbox handed it to downstream delivery."""
+
+    publication: OutboxPublication
+    tenant: str
+    conversation: str
+    seq: int
+    message_id: str
+    recipients: tuple[str, ...]
