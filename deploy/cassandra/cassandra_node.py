@@ -1,13 +1,14 @@
 """Throwaway single-node Apache Cassandra 5.0 server for tests (a CQL stand-in for ScyllaDB).
 
-The server jars come from Maven Central (see ``pom.xml`` next to this file) and are cached in
-``~/.cache/message-committer/cassandra-<version>/lib`` (override with ``CASSANDRA_JARS_DIR``).
-Java 17 and Maven must be on PATH. Everything binds to 127.0.0.1 on free ports; JMX is off.
+The server jars come from Maven Central (see pom.xml next to this file) and are cached in
+~/.cache/message-committer/cassandra-<version>/lib (override with CASSANDRA_JARS_DIR).
+Needs Java 17 (JAVA, else JAVA_HOME/bin/java, else java on PATH) and, for the first
+download, Maven. Everything binds to 127.0.0.1 on free ports; JMX is off.
 
     python deploy/cassandra/cassandra_node.py fetch
     python deploy/cassandra/cassandra_node.py start [--data-dir D] [--port P]
 
-Environment: ``CASSANDRA_HEAP`` (default ``1G``), ``CASSANDRA_JARS_DIR``, ``JAVA`` (java binary).
+Heap: CASSANDRA_HEAP (default 1G). Logs: <data dir>/logs/{system,stdout}.log.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -32,57 +34,39 @@ HOST = "127.0.0.1"
 READY_LINE = "Starting listening for CQL clients"
 HERE = Path(__file__).resolve().parent
 
-# From Cassandra's conf/jvm17-server.options (JPMS section) plus the netty settings there.
-_JAVA17_FLAGS = [
-    "-Djdk.attach.allowAttachSelf=true",
-    *(
-        f"--add-exports={m}=ALL-UNNAMED"
-        for m in (
-            "java.base/jdk.internal.misc",
-            "java.management.rmi/com.sun.jmx.remote.internal.rmi",
-            "java.rmi/sun.rmi.registry",
-            "java.rmi/sun.rmi.server",
-            "java.sql/java.sql",
-            "java.base/java.lang.ref",
-            "jdk.unsupported/sun.misc",
-            "jdk.compiler/com.sun.tools.javac.file",
-            "jdk.attach/sun.tools.attach",
-        )
-    ),
-    *(
-        f"--add-opens={m}=ALL-UNNAMED"
-        for m in (
-            "java.base/java.lang.module",
-            "java.base/jdk.internal.loader",
-            "java.base/jdk.internal.ref",
-            "java.base/jdk.internal.reflect",
-            "java.base/jdk.internal.math",
-            "java.base/jdk.internal.module",
-            "java.base/jdk.internal.util.jar",
-            "jdk.management/com.sun.management.internal",
-            "java.base/sun.nio.ch",
-            "java.base/java.io",
-            "java.base/java.lang.reflect",
-            "jdk.compiler/com.sun.tools.javac",
-            "java.base/java.lang",
-            "java.base/java.util",
-        )
-    ),
-    "-Dio.netty.tryReflectionSetAccessible=true",
-    "-Dio.netty.allocator.useCacheForAllThreads=true",
-    "-Dio.netty.allocator.maxOrder=11",
+# JVM flags: the JPMS and netty parts of Cassandra's conf/jvm17-server.options, plus a
+# few from jvm-server.options. (-XX:+AlwaysPreTouch / big heaps left out on purpose.)
+_EXPORTS = """java.base/jdk.internal.misc java.management.rmi/com.sun.jmx.remote.internal.rmi
+    java.rmi/sun.rmi.registry java.rmi/sun.rmi.server java.sql/java.sql java.base/java.lang.ref
+    jdk.unsupported/sun.misc jdk.compiler/com.sun.tools.javac.file jdk.attach/sun.tools.attach"""
+_OPENS = """java.base/java.lang.module java.base/jdk.internal.loader java.base/jdk.internal.ref
+    java.base/jdk.internal.reflect java.base/jdk.internal.math java.base/jdk.internal.module
+    java.base/jdk.internal.util.jar jdk.management/com.sun.management.internal
+    java.base/sun.nio.ch java.base/java.io java.base/java.lang.reflect
+    jdk.compiler/com.sun.tools.javac java.base/java.lang java.base/java.util"""
+_JVM_FLAGS = [
+    *"""-Xss256k -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThreshold=1
+    -XX:MaxGCPauseMillis=300 -XX:+PerfDisableSharedMem -XX:+ExitOnOutOfMemoryError
+    -ea -da:net.openhft... -Djava.net.preferIPv4Stack=true -Djdk.attach.allowAttachSelf=true
+    -Dio.netty.tryReflectionSetAccessible=true -Dio.netty.allocator.useCacheForAllThreads=true
+    -Dio.netty.allocator.maxOrder=11 -Dcassandra-foreground=yes
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 -Dcassandra.ring_delay_ms=1000
+    -Dcassandra.initial_token=0""".split(),
+    *(f"--add-exports={m}=ALL-UNNAMED" for m in _EXPORTS.split()),
+    *(f"--add-opens={m}=ALL-UNNAMED" for m in _OPENS.split()),
 ]
+# No -Dcassandra.jmx.local.port / .remote.port: Cassandra then starts no JMX server.
 
 
 class CassandraError(RuntimeError):
-    """The node failed to start or stop."""
+    """The node failed to start (the message carries the log tail) or Maven failed."""
 
 
 def jars_dir() -> Path:
-    env = os.environ.get("CASSANDRA_JARS_DIR")
-    if env:
+    if env := os.environ.get("CASSANDRA_JARS_DIR"):
         return Path(env).expanduser().resolve()
-    return Path.home() / ".cache" / "message-committer" / f"cassandra-{CASSANDRA_VERSION}" / "lib"
+    cache = Path.home() / ".cache" / "message-committer"
+    return cache / f"cassandra-{CASSANDRA_VERSION}" / "lib"
 
 
 def ensure_jars(timeout: float = 1800) -> Path:
@@ -99,28 +83,19 @@ def ensure_jars(timeout: float = 1800) -> Path:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise CassandraError("Maven ('mvn') is needed to download the Cassandra jars")
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(HERE / "pom.xml"),
-            "dependency:copy-dependencies",
-            f"-Dcassandra.version={CASSANDRA_VERSION}",
-            f"-Dcassandra.lib.dir={lib}",
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        if res.returncode != 0 or not (lib / f"cassandra-all-{CASSANDRA_VERSION}.jar").exists():
-            raise CassandraError(
-                f"maven failed ({res.returncode}):\n{res.stdout[-4000:]}{res.stderr[-4000:]}"
-            )
+        cmd = [mvn, "-q", "-B", "-f", str(HERE / "pom.xml"), "dependency:copy-dependencies"]
+        cmd += [f"-Dcassandra.version={CASSANDRA_VERSION}", f"-Dcassandra.lib.dir={lib}"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if res.returncode or not (lib / f"cassandra-all-{CASSANDRA_VERSION}.jar").exists():
+            out = (res.stdout + res.stderr)[-6000:]
+            raise CassandraError(f"maven failed (exit {res.returncode}):\n{out}")
         marker.write_text(f"cassandra-all {CASSANDRA_VERSION}\n")
     return lib
 
 
 def _java() -> str:
-    if "JAVA" in os.environ:
-        return os.environ["JAVA"]
+    if java := os.environ.get("JAVA"):
+        return java
     home = os.environ.get("JAVA_HOME")
     return str(Path(home) / "bin" / "java") if home else "java"
 
@@ -153,7 +128,12 @@ def _kill_leftovers() -> None:
 
 
 class CassandraNode:
-    """A single Cassandra node bound to 127.0.0.1; ports stay fixed across restart()."""
+    """One Cassandra node on 127.0.0.1. Ports are kept in <data dir>/ports.json, so
+    restart() - or a new CassandraNode on the same data dir - reuses them.
+
+    commitlog_sync="periodic" (fsync every 10s, ScyllaDB's default too) means kill() can
+    lose the last seconds of acknowledged writes; use "batch" for crash-durability tests.
+    """
 
     def __init__(
         self,
@@ -162,12 +142,14 @@ class CassandraNode:
         *,
         commitlog_sync: Literal["periodic", "batch"] = "periodic",
     ) -> None:
-        """`commitlog_sync="periodic"` (fsync every 10s, like ScyllaDB's default) loses the last
-        few seconds of acknowledged writes on kill(); use "batch" for crash tests."""
-        self.commitlog_sync = commitlog_sync
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cassandra-")).resolve()
-        self._port = port or free_port()
-        self.storage_port = free_port(self._port)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports_file = self.data_dir / "ports.json"
+        saved = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+        self._port: int = port or saved.get("native") or free_port()
+        self.storage_port: int = saved.get("storage") or free_port(self._port)
+        ports_file.write_text(json.dumps({"native": self._port, "storage": self.storage_port}))
+        self.commitlog_sync = commitlog_sync
         self.heap = os.environ.get("CASSANDRA_HEAP", "1G")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -196,7 +178,7 @@ class CassandraNode:
         return self._proc is not None and self._proc.poll() is None
 
     def _write_config(self) -> Path:
-        d = self.data_dir
+        d, q = self.data_dir, json.dumps  # JSON strings are valid YAML scalars
         conf = d / "conf" / "cassandra.yaml"
         conf.parent.mkdir(parents=True, exist_ok=True)
         sync = "commitlog_sync: batch"
@@ -217,14 +199,13 @@ rpc_address: {HOST}
 storage_port: {self.storage_port}
 native_transport_port: {self._port}
 start_native_transport: true
-data_file_directories: [{d / "data"}]
-commitlog_directory: {d / "commitlog"}
-saved_caches_directory: {d / "saved_caches"}
-hints_directory: {d / "hints"}
-cdc_raw_directory: {d / "cdc_raw"}
+data_file_directories: [{q(str(d / "data"))}]
+commitlog_directory: {q(str(d / "commitlog"))}
+saved_caches_directory: {q(str(d / "saved_caches"))}
+hints_directory: {q(str(d / "hints"))}
+cdc_raw_directory: {q(str(d / "cdc_raw"))}
 authenticator: AllowAllAuthenticator
 authorizer: AllowAllAuthorizer
-role_manager: CassandraRoleManager
 paxos_variant: v2
 {sync}
 commitlog_segment_size: 16MiB
@@ -244,33 +225,17 @@ concurrent_compactors: 1
         return conf
 
     def _command(self, lib: Path, conf: Path) -> list[str]:
-        jamm = sorted(lib.glob("jamm-*.jar"))
-        logdir = self.data_dir / "logs"
+        jamm = sorted(lib.glob("jamm-*.jar"))  # cassandra.in.sh loads jamm as an agent
         return [
             _java(),
             f"-Xms{self.heap}",
             f"-Xmx{self.heap}",
-            "-Xss256k",
-            "-XX:+UseG1GC",
-            "-XX:+ParallelRefProcEnabled",
-            "-XX:MaxTenuringThreshold=1",
-            "-XX:MaxGCPauseMillis=300",
-            "-XX:+PerfDisableSharedMem",
-            "-XX:+ExitOnOutOfMemoryError",
-            "-ea",
-            "-da:net.openhft...",
-            "-Djava.net.preferIPv4Stack=true",
-            *_JAVA17_FLAGS,
-            *([f"-javaagent:{jamm[-1]}"] if jamm else []),
+            *_JVM_FLAGS,
+            *[f"-javaagent:{jar}" for jar in jamm[-1:]],
             f"-Dcassandra.config={conf.as_uri()}",
             f"-Dcassandra.storagedir={self.data_dir}",
-            f"-Dcassandra.logdir={logdir}",
+            f"-Dcassandra.logdir={self.data_dir / 'logs'}",
             f"-Dlogback.configurationFile={HERE / 'logback.xml'}",
-            "-Dcassandra-foreground=yes",
-            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-            "-Dcassandra.ring_delay_ms=1000",
-            "-Dcassandra.initial_token=0",
-            # no cassandra.jmx.local.port / remote.port => Cassandra starts no JMX server
             "-cp",
             f"{lib}/*",
             "org.apache.cassandra.service.CassandraDaemon",
@@ -285,13 +250,9 @@ concurrent_compactors: 1
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.stdout_path, "ab") as out:
             self._proc = subprocess.Popen(
-                cmd,
-                cwd=self.data_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+                cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         _live.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -301,7 +262,7 @@ concurrent_compactors: 1
                 return
             time.sleep(0.25)
         self.kill()
-        self._fail(f"not ready within {timeout:.0f}s")
+        self._fail(f"was not ready within {timeout:.0f}s")
 
     def _log_has_ready_line(self, offset: int) -> bool:
         try:
@@ -312,10 +273,7 @@ concurrent_compactors: 1
             return False
 
     def _port_open(self) -> bool:
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection((HOST, self._port), timeout=1),
-        ):
+        with contextlib.suppress(OSError), socket.create_connection((HOST, self._port), 1):
             return True
         return False
 
@@ -328,20 +286,18 @@ concurrent_compactors: 1
         )
 
     def stop(self, grace: float = 30) -> None:
-        """SIGTERM (Cassandra drains on shutdown), then SIGKILL after `grace` seconds."""
+        """SIGTERM (Cassandra drains/flushes on it), then SIGKILL after `grace` seconds."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
-            _live.discard(self)
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
         _live.discard(self)
 
     def kill(self) -> None:
-        """SIGKILL the node (simulated crash); data written so far survives a restart."""
+        """SIGKILL the node (simulated crash)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -350,7 +306,7 @@ concurrent_compactors: 1
         _live.discard(self)
 
     def restart(self, timeout: float = 180) -> None:
-        """Stop and start again with the same data dir and ports."""
+        """stop() then start() on the same data dir and ports; data is preserved."""
         self.stop()
         self.start(timeout)
 
@@ -369,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("fetch", help="only download the jars")
     start = sub.add_parser("start", help="run a node in the foreground until SIGINT/SIGTERM")
-    start.add_argument("--data-dir", type=Path)
+    start.add_argument("--data-dir", type=Path, help="default: a new temp dir")
     start.add_argument("--port", type=int, help="native (CQL) port; default: a free one")
     start.add_argument("--timeout", type=float, default=180)
     args = parser.parse_args(argv)
@@ -379,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stopping = False
 
-    def on_signal(signum: int, _frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
 
@@ -389,14 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         node.start(args.timeout)
         print(f"{node.host}:{node.port}", flush=True)
-        print(f"pid {node.pid} data dir {node.data_dir}", flush=True)
+        print(f"pid {node.pid}, data dir {node.data_dir}", flush=True)
         while not stopping and node.is_running():
             time.sleep(0.5)
         if not stopping:
-            print(
-                "cassandra exited unexpectedly; see " + str(node.log_path),
-                file=sys.stderr,
-            )
+            print(f"Cassandra exited unexpectedly, see {node.log_path}", file=sys.stderr)
             return 1
     finally:
         node.stop()

@@ -11,7 +11,9 @@
     ├── StoreAlreadyExists       a create met an existing thing (conversation)
     ├── StoreForbidden           the actor is not a member of the conversation
     ├── StoreInvalid             a query the store cannot serve as asked
-    └── StoreCorrupt             stored data could not be decoded
+    ├── StoreCorrupt             stored data could not be decoded
+    └── StoreSchemaError         the schema is missing, older or newer than this
+                                 version expects (fail closed at start-up)
 
     CommitError                  raised by MessageCommitter
     ├── InvalidRequest           a malformed field (id, content, mentions, page size)
@@ -76,6 +78,10 @@ class StoreInvalid(StoreError):
 
 class StoreCorrupt(StoreError):
     """Stored data could not be decoded; never silently repaired."""
+
+
+class StoreSchemaError(StoreError):
+    """The backend's schema is not the one this version runs on; migrate first."""
 
 
 class CommitError(Exception):

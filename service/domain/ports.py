@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -245,6 +246,9 @@ class Backend:
     outbox: Outbox
     durable: bool
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    requests: Counter[str] = field(default_factory=Counter)
+    """Backend requests issued, by kind ("redis_call", "lwt", "statement"...);
+    the backend increments it, the metrics layer exports it."""
 
     async def close(self) -> None:
         for close in self.closers:
