@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from service.domain.errors import StoreNotFound
 from service.domain.ids import CommitKey
@@ -55,7 +55,7 @@ class SystemClock:
 class ManualClock:
     """A clock tests move by hand."""
 
-    now: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    now: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
 
     def now_ms(self) -> int:
         return self.now
@@ -93,7 +93,7 @@ class StoredCommit:
 class MessageStore(abc.ABC):
     """The commit fact source. Every step is conditional, retry-safe, forward-only."""
 
-    atomic_publish_commit: ClassVar[bool] = False
+    atomic_publish_commit: bool = False
     """True when ``mark_published_and_committed`` is one atomic backend step."""
 
     @abc.abstractmethod

@@ -1,0 +1,161 @@
+"""Wrappers that make a real store or outbox misbehave on purpose.
+
+Used by the conformance suite and the fault campaign to simulate what a
+network does to a backend call: fail before reaching it, reach it but lose
+the reply, or hang past the caller's deadline after it applied. The wrapped
+object is real; only the call's outcome as seen by the caller changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
+from service.domain.ids import CommitKey
+from service.domain.model import (
+    AuthenticatedSend,
+    CommitIntent,
+    CommittedMessage,
+    FrozenDeliveryInput,
+    HistoryPage,
+    HistoryQuery,
+    LoadedCommit,
+    OutboxEntry,
+    OutboxPublication,
+    ReserveCandidate,
+    ReserveResult,
+)
+from service.domain.ports import MessageStore, Outbox, StoredCommit
+
+T = TypeVar("T")
+
+
+class CallFault(enum.StrEnum):
+    FAIL = "fail"  # never reaches the backend
+    LOSE_REPLY = "lose_reply"  # applied, the reply is lost
+    HANG = "hang"  # applied, the reply comes after the deadline
+
+
+class _Faults:
+    def __init__(self, hang_s: float) -> None:
+        self._plan: defaultdict[str, deque[CallFault]] = defaultdict(deque)
+        self.fired: Counter[tuple[str, CallFault]] = Counter()
+        self.hang_s = hang_s
+
+    def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
+        self._plan[operation].extend([fault] * times)
+
+    def clear(self) -> None:
+        self._plan.clear()
+
+    async def call(self, operation: str, make: Callable[[], Awaitable[T]]) -> T:
+        plan = self._plan.get(operation)
+        if not plan:
+            return await make()
+        fault = plan.popleft()
+        self.fired[(operation, fault)] += 1
+        if fault is CallFault.FAIL:
+            raise StoreUnavailable(f"injected: {operation} failed")
+        await make()
+        if fault is CallFault.HANG:
+            await asyncio.sleep(self.hang_s)
+        raise StoreOutcomeUnknown(f"injected: {operation} reply lost")
+
+
+class FaultyStore(MessageStore):
+    """A MessageStore whose calls fail as planned with ``inject``."""
+
+    def __init__(self, inner: MessageStore, hang_s: float = 0.01) -> None:
+        self.inner = inner
+        self.atomic_publish_commit = inner.atomic_publish_commit
+        self.faults = _Faults(hang_s)
+
+    def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``operation`` (a method name) fail."""
+        self.faults.inject(operation, fault, times)
+
+    async def reserve(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult:
+        return await self.faults.call(
+            "reserve", lambda: self.inner.reserve(request, delivery, candidate)
+        )
+
+    async def put_record(self, intent: CommitIntent) -> None:
+        await self.faults.call("put_record", lambda: self.inner.put_record(intent))
+
+    async def mark_outbox_published(
+        self, intent: CommitIntent, publication: OutboxPublication
+    ) -> None:
+        await self.faults.call(
+            "mark_outbox_published",
+            lambda: self.inner.mark_outbox_published(intent, publication),
+        )
+
+    async def mark_published_and_committed(
+        self, intent: CommitIntent, publication: OutboxPublication
+    ) -> CommittedMessage:
+        return await self.faults.call(
+            "mark_published_and_committed",
+            lambda: self.inner.mark_published_and_committed(intent, publication),
+        )
+
+    async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
+        return await self.faults.call("mark_committed", lambda: self.inner.mark_committed(intent))
+
+    async def _load(self, key: CommitKey) -> StoredCommit | None:
+        raise NotImplementedError  # loads delegate whole, below
+
+    async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
+        return await self.faults.call(
+            "load_commit", lambda: self.inner.load_commit(key, conversation)
+        )
+
+    async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        return await self.faults.call(
+            "load_commit_for_request", lambda: self.inner.load_commit_for_request(request)
+        )
+
+    async def scan_recoverable_commits(
+        self, older_than_ms: int, max_items: int
+    ) -> list[CommitIntent]:
+        return await self.faults.call(
+            "scan_recoverable_commits",
+            lambda: self.inner.scan_recoverable_commits(older_than_ms, max_items),
+        )
+
+    async def history_page(self, query: HistoryQuery) -> HistoryPage:
+        return await self.faults.call("history_page", lambda: self.inner.history_page(query))
+
+    async def readiness(self) -> None:
+        await self.faults.call("readiness", self.inner.readiness)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class FaultyOutbox(Outbox):
+    """An Outbox whose ``publish`` fails as planned (operation name "publish")."""
+
+    def __init__(self, inner: Outbox, hang_s: float = 0.01) -> None:
+        self.inner = inner
+        self.faults = _Faults(hang_s)
+
+    def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
+        self.faults.inject(operation, fault, times)
+
+    async def publish(self, intent: CommitIntent) -> OutboxPublication:
+        return await self.faults.call("publish", lambda: self.inner.publish(intent))
+
+    async def read(self, after: str, limit: int) -> list[OutboxEntry]:
+        return await self.inner.read(after, limit)
+
+    async def readiness(self) -> None:
+        await self.faults.call("readiness", self.inner.readiness)

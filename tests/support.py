@@ -1,0 +1,69 @@
+"""Builders shared by the test suites."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+from service.domain.committer import MessageCommitter
+from service.domain.limits import CommitLimits
+from service.domain.model import (
+    AuthenticatedSend,
+    BodyReference,
+    MessageContent,
+    MessageType,
+)
+from service.domain.ports import Backend, Clock
+
+_counter = itertools.count(1)
+NO_QUOTA = CommitLimits(sender_rate_per_s=0)
+
+
+def unique(prefix: str) -> str:
+    """An id no other test uses (tests share real backends)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def text(body: str) -> MessageContent:
+    return MessageContent(MessageType.TEXT, body.encode())
+
+
+def send(
+    tenant: str,
+    conversation: str = "c1",
+    *,
+    sender: str = "alice",
+    device: str = "phone",
+    cmid: str | None = None,
+    content: MessageContent | None = None,
+    mentions: tuple[str, ...] = (),
+    reply_to: str = "",
+) -> AuthenticatedSend:
+    return AuthenticatedSend(
+        tenant=tenant,
+        sender=sender,
+        device=device,
+        conversation=conversation,
+        cmid=cmid or f"cm-{next(_counter)}",
+        content=content or text("hello"),
+        mentions=mentions,
+        reply_to=reply_to,
+    )
+
+
+def referenced(uri: str = "s3://bucket/obj", size: int = 1234) -> MessageContent:
+    return MessageContent(MessageType.IMAGE, body_ref=BodyReference(uri, size, "ab" * 32))
+
+
+async def conversation(
+    backend: Backend, tenant: str, conv: str = "c1", members: tuple[str, ...] = ("alice", "bob")
+) -> None:
+    await backend.membership.create_conversation(tenant, conv, members)
+
+
+def committer(
+    backend: Backend, clock: Clock | None = None, limits: CommitLimits = NO_QUOTA
+) -> MessageCommitter:
+    return MessageCommitter(
+        backend.store, backend.membership, backend.outbox, limits=limits, clock=clock
+    )
