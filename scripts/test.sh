@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: setup, generated-code check, lint,
+# types, then every test (unit, conformance on memory + a real redis-server +
+# a real CQL node, end-to-end over real gRPC, deploy checks).
+# Extra arguments go to pytest, e.g. scripts/test.sh -m redis
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$PWD/.tools/bin:$PWD/.tools/node_modules/.bin:$PATH"
+
+echo "== generated code is current"
+if [ -f protos/generate.py ]; then .venv/bin/python protos/generate.py --check; fi
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+.venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,3 @@
+"""Test-wide plugins: the real servers (redis-server, a CQL node) the suites start."""
+
+pytest_plugins = ["tests.servers.redis_server", "tests.servers.cql_server"]
