@@ -27,15 +27,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal, Self
+from typing import Literal, NoReturn, Self
 
 CASSANDRA_VERSION = "5.0.9"  # keep in sync with pom.xml
 HOST = "127.0.0.1"
-READY_LINE = "Starting listening for CQL clients"
+# Both are logged by 5.0 once CQL is up; the second one only after the port bind succeeded.
+READY_LINES = ("Starting listening for CQL clients", "Startup complete")
 HERE = Path(__file__).resolve().parent
 
 # JVM flags: the JPMS and netty parts of Cassandra's conf/jvm17-server.options, plus a
 # few from jvm-server.options. (-XX:+AlwaysPreTouch / big heaps left out on purpose.)
+_BASE = """-Xss256k -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThreshold=1
+    -XX:MaxGCPauseMillis=300 -XX:+PerfDisableSharedMem -XX:+ExitOnOutOfMemoryError
+    -ea -da:net.openhft... -Djava.net.preferIPv4Stack=true -Djdk.attach.allowAttachSelf=true
+    -Dio.netty.tryReflectionSetAccessible=true -Dio.netty.allocator.useCacheForAllThreads=true
+    -Dio.netty.allocator.maxOrder=11 -Dcassandra-foreground=yes
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 -Dcassandra.ring_delay_ms=1000
+    -Dcassandra.initial_token=0"""
 _EXPORTS = """java.base/jdk.internal.misc java.management.rmi/com.sun.jmx.remote.internal.rmi
     java.rmi/sun.rmi.registry java.rmi/sun.rmi.server java.sql/java.sql java.base/java.lang.ref
     jdk.unsupported/sun.misc jdk.compiler/com.sun.tools.javac.file jdk.attach/sun.tools.attach"""
@@ -45,13 +53,7 @@ _OPENS = """java.base/java.lang.module java.base/jdk.internal.loader java.base/j
     java.base/sun.nio.ch java.base/java.io java.base/java.lang.reflect
     jdk.compiler/com.sun.tools.javac java.base/java.lang java.base/java.util"""
 _JVM_FLAGS = [
-    *"""-Xss256k -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThreshold=1
-    -XX:MaxGCPauseMillis=300 -XX:+PerfDisableSharedMem -XX:+ExitOnOutOfMemoryError
-    -ea -da:net.openhft... -Djava.net.preferIPv4Stack=true -Djdk.attach.allowAttachSelf=true
-    -Dio.netty.tryReflectionSetAccessible=true -Dio.netty.allocator.useCacheForAllThreads=true
-    -Dio.netty.allocator.maxOrder=11 -Dcassandra-foreground=yes
-    -Dcassandra.skip_wait_for_gossip_to_settle=0 -Dcassandra.ring_delay_ms=1000
-    -Dcassandra.initial_token=0""".split(),
+    *_BASE.split(),
     *(f"--add-exports={m}=ALL-UNNAMED" for m in _EXPORTS.split()),
     *(f"--add-opens={m}=ALL-UNNAMED" for m in _OPENS.split()),
 ]
@@ -113,7 +115,8 @@ def _tail(path: Path, lines: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+            tail = f.read().decode(errors="replace").splitlines()[-lines:]
+        return "\n".join(line[:400] for line in tail)  # config/classpath lines are huge
     except OSError:
         return f"<no {path.name}>"
 
@@ -150,6 +153,8 @@ class CassandraNode:
         self.storage_port: int = saved.get("storage") or free_port(self._port)
         ports_file.write_text(json.dumps({"native": self._port, "storage": self.storage_port}))
         self.commitlog_sync = commitlog_sync
+        self.log_path = self.data_dir / "logs" / "system.log"  # Cassandra's log (logback.xml)
+        self.stdout_path = self.data_dir / "logs" / "stdout.log"  # java's stdout + stderr
         self.heap = os.environ.get("CASSANDRA_HEAP", "1G")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -165,14 +170,6 @@ class CassandraNode:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "logs" / "system.log"
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.data_dir / "logs" / "stdout.log"
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -235,6 +232,7 @@ concurrent_compactors: 1
             f"-Dcassandra.config={conf.as_uri()}",
             f"-Dcassandra.storagedir={self.data_dir}",
             f"-Dcassandra.logdir={self.data_dir / 'logs'}",
+            f"-Djava.io.tmpdir={self.data_dir / 'tmp'}",  # lz4/snappy unpack .so files there
             f"-Dlogback.configurationFile={HERE / 'logback.xml'}",
             "-cp",
             f"{lib}/*",
@@ -245,8 +243,16 @@ concurrent_compactors: 1
         """Start the node and block until CQL clients can connect."""
         if self.is_running():
             raise CassandraError(f"already running (pid {self.pid})")
+        for port in (self._port, self.storage_port):
+            with socket.socket() as s:  # fail fast (and clearly) if a port is taken
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((HOST, port))
+                except OSError as e:
+                    raise CassandraError(f"port {HOST}:{port} is not free: {e}") from e
         cmd = self._command(ensure_jars(), self._write_config())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "tmp").mkdir(exist_ok=True)
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.stdout_path, "ab") as out:
             self._proc = subprocess.Popen(
@@ -258,26 +264,27 @@ concurrent_compactors: 1
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 self._fail(f"java exited with code {self._proc.returncode} during start-up")
-            if self._log_has_ready_line(log_offset) and self._port_open():
+            if self._log_says_ready(log_offset) and self._port_open():
                 return
             time.sleep(0.25)
         self.kill()
         self._fail(f"was not ready within {timeout:.0f}s")
 
-    def _log_has_ready_line(self, offset: int) -> bool:
+    def _log_says_ready(self, offset: int) -> bool:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(offset)
-                return READY_LINE.encode() in f.read()
+                text = f.read()
         except OSError:
             return False
+        return all(line.encode() in text for line in READY_LINES)
 
     def _port_open(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection((HOST, self._port), 1):
             return True
         return False
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str) -> NoReturn:
         _live.discard(self)
         raise CassandraError(
             f"Cassandra {why} (data dir {self.data_dir})\n"
