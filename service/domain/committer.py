@@ -200,6 +200,8 @@ class MessageCommitter:
                 if not isinstance(loaded, InProgress):
                     raise self._recoverable(key, conversation, "intent unreadable", exc) from exc
                 intent = loaded.intent
+            except StoreError as exc:  # corrupt data, a vanished conversation: never an ACK
+                raise self._recoverable(key, conversation, "store refused", exc) from exc
         self._observer.outcome("recoverable", "no_progress")
         raise Recoverable(key, conversation, "no progress after retries")
 
