@@ -1,0 +1,235 @@
+"""Byte forms of what the Redis backend stores, and their decoders.
+
+Record (in a commit hash's ``r`` field and, prefixed with ``<seq>:``, as a
+history member): compact JSON, keys in a fixed order, empty values left
+out, so encoding a decoded record gives the same bytes again (the scripts
+compare records byte for byte). Tenant, conversation and seq are not in
+it: the key and the score carry them.
+
+========  ===========================  ========  ===========================
+json key  field                        json key  field
+========  ===========================  ========  ===========================
+``i``     message id                   ``b``     inline body, base64
+``u``     sender                       ``f``     body reference [uri, size, sha256]
+``d``     device                       ``n``     mentions (list)
+``k``     cmid                         ``p``     reply-to
+``y``     message type                 ``t``     server timestamp (ms)
+``c``     custom type
+========  ===========================  ========  ===========================
+
+Commit hash, full form (RESERVED, RECORDED, OUTBOXED)::
+
+    st  state rank: 0 reserved, 1 recorded, 2 outboxed
+    id  identity (QIMD digest, or the legacy QIMC whole form)
+    r   record json            s  seq      m  message id     t  server ts
+    d   delivery json {"r": [recipients], "v": membership version}
+    ca  created_at (ms)        ps / pp  publication stream / position, once known
+
+Compact form (COMMITTED, rank 3): ``st id m s t ps pp x`` where ``id`` is
+always the digest and ``x`` the logical expiry (ms). Every value stays
+under 64 bytes for ids of usual length, so the hash keeps the ``listpack``
+encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from service.domain.errors import StoreCorrupt
+from service.domain.ids import CommitKey
+from service.domain.model import (
+    BodyReference,
+    CommitIntent,
+    CommitState,
+    CommittedMessage,
+    FrozenDeliveryInput,
+    MessageContent,
+    MessageRecord,
+    MessageType,
+    OutboxPublication,
+)
+
+STATE_CODES: dict[CommitState, bytes] = {s: str(s.rank).encode() for s in CommitState}
+_STATES_BY_CODE = {code: state for state, code in STATE_CODES.items()}
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def encode_record(record: MessageRecord) -> bytes:
+    """The record without tenant, conversation and seq (see the module doc)."""
+    c = record.content
+    doc: dict[str, object] = {
+        "i": record.message_id,
+        "u": record.sender,
+        "d": record.device,
+        "k": record.cmid,
+        "y": c.message_type.value,
+    }
+    if c.custom_type:
+        doc["c"] = c.custom_type
+    if c.body:
+        doc["b"] = base64.b64encode(c.body).decode("ascii")
+    if c.body_ref is not None:
+        doc["f"] = [c.body_ref.uri, c.body_ref.size_bytes, c.body_ref.sha256]
+    if record.mentions:
+        doc["n"] = list(record.mentions)
+    if record.reply_to:
+        doc["p"] = record.reply_to
+    doc["t"] = record.server_ts_ms
+    return _dumps(doc)
+
+
+def history_member(record: MessageRecord) -> bytes:
+    return b"%d:" % record.seq + encode_record(record)
+
+
+def _str(doc: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = doc.get(name, default)
+    if not isinstance(value, str):
+        raise StoreCorrupt("a stored record has a malformed field")
+    return value
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreCorrupt("a stored record has a malformed number")
+    return value
+
+
+def decode_record(tenant: str, conversation: str, seq: int, blob: bytes) -> MessageRecord:
+    try:
+        doc = json.loads(blob)
+        if not isinstance(doc, dict):
+            raise StoreCorrupt("a stored record is not an object")
+        ref_doc = doc.get("f")
+        ref = None
+        if ref_doc is not None:
+            if not isinstance(ref_doc, list) or len(ref_doc) != 3:
+                raise StoreCorrupt("a stored body reference is malformed")
+            uri, size, sha = ref_doc
+            if not isinstance(uri, str) or not isinstance(sha, str):
+                raise StoreCorrupt("a stored body reference is malformed")
+            ref = BodyReference(uri, _int(size), sha)
+        mentions = doc.get("n", [])
+        if not isinstance(mentions, list) or not all(isinstance(m, str) for m in mentions):
+            raise StoreCorrupt("stored mentions are malformed")
+        content = MessageContent(
+            message_type=MessageType(_str(doc, "y")),
+            body=base64.b64decode(_str(doc, "b", ""), validate=True),
+            body_ref=ref,
+            custom_type=_str(doc, "c", ""),
+        )
+        return MessageRecord(
+            tenant=tenant,
+            conversation=conversation,
+            seq=seq,
+            message_id=_str(doc, "i"),
+            sender=_str(doc, "u"),
+            device=_str(doc, "d"),
+            cmid=_str(doc, "k"),
+            content=content,
+            mentions=tuple(mentions),
+            reply_to=_str(doc, "p", ""),
+            server_ts_ms=_int(doc.get("t")),
+        )
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise StoreCorrupt("a stored record could not be decoded") from exc
+
+
+def decode_history_member(tenant: str, conversation: str, member: bytes) -> MessageRecord:
+    seq, sep, blob = member.partition(b":")
+    if not sep:
+        raise StoreCorrupt("a history entry is malformed")
+    return decode_record(tenant, conversation, to_int(seq), blob)
+
+
+def encode_delivery(delivery: FrozenDeliveryInput) -> bytes:
+    return _dumps({"r": list(delivery.recipients), "v": delivery.membership_version})
+
+
+def decode_delivery(blob: bytes) -> FrozenDeliveryInput:
+    try:
+        doc = json.loads(blob)
+    except ValueError as exc:
+        raise StoreCorrupt("a stored delivery could not be decoded") from exc
+    if not isinstance(doc, dict):
+        raise StoreCorrupt("a stored delivery is malformed")
+    recipients = doc.get("r")
+    if not isinstance(recipients, list) or not all(isinstance(r, str) for r in recipients):
+        raise StoreCorrupt("stored recipients are malformed")
+    return FrozenDeliveryInput(tuple(recipients), _int(doc.get("v")))
+
+
+def to_int(raw: object) -> int:
+    try:
+        if isinstance(raw, bytes):
+            return int(raw.decode("ascii"))
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise StoreCorrupt("a stored number could not be decoded") from exc
+    raise StoreCorrupt("a stored number is missing or malformed")
+
+
+def to_str(raw: object) -> str:
+    if not isinstance(raw, bytes):
+        raise StoreCorrupt("a stored text field is missing")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoreCorrupt("a stored text field could not be decoded") from exc
+
+
+def pairs(flat: list[Any]) -> dict[bytes, bytes]:
+    """A flat [field, value, ...] script reply as a dict."""
+    if len(flat) % 2 or not all(isinstance(v, bytes) for v in flat):
+        raise StoreCorrupt("a stored hash could not be decoded")
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def state_of(fields: dict[bytes, bytes]) -> CommitState:
+    state = _STATES_BY_CODE.get(fields.get(b"st", b""))
+    if state is None:
+        raise StoreCorrupt("a stored commit has an unknown state")
+    return state
+
+
+def publication_of(fields: dict[bytes, bytes]) -> OutboxPublication | None:
+    stream, position = fields.get(b"ps"), fields.get(b"pp")
+    if stream is None and position is None:
+        return None
+    return OutboxPublication(to_str(stream), to_str(position))
+
+
+def committed_of(fields: dict[bytes, bytes], conversation: str, cmid: str) -> CommittedMessage:
+    return CommittedMessage(
+        conversation=conversation,
+        cmid=cmid,
+        message_id=to_str(fields.get(b"m")),
+        seq=to_int(fields.get(b"s")),
+        server_ts_ms=to_int(fields.get(b"t")),
+    )
+
+
+def intent_of(fields: dict[bytes, bytes], key: CommitKey, conversation: str) -> CommitIntent:
+    """The unfinished intent a full-form commit hash holds."""
+    identity, blob, delivery = fields.get(b"id"), fields.get(b"r"), fields.get(b"d")
+    if identity is None or blob is None or delivery is None:
+        raise StoreCorrupt("a stored intent is incomplete")
+    record = decode_record(key.tenant, conversation, to_int(fields.get(b"s")), blob)
+    if (record.sender, record.cmid) != (key.sender, key.cmid):
+        raise StoreCorrupt("a stored intent belongs to another key")
+    return CommitIntent(
+        key=key,
+        identity=identity,
+        record=record,
+        delivery=decode_delivery(delivery),
+        state=state_of(fields),
+        created_at_ms=to_int(fields.get(b"ca")),
+        publication=publication_of(fields),
+    )
