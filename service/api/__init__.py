@@ -1,0 +1,1 @@
+"""The gRPC surface: servicers, proto conversion and the error-to-status table."""

@@ -1,0 +1,157 @@
+"""The one server interceptor: exceptions to statuses, and the grpc_server_* metrics.
+
+Servicers raise domain exceptions and never build statuses themselves; this
+interceptor turns whatever escapes a handler into the status of
+``service.api.errors.STATUS_TABLE`` (INTERNAL "internal error" for anything
+else, logged with its type only) and counts every RPC, of every service
+(health and reflection included), by method and code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import grpc
+from grpc import aio
+
+from service.api import errors
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rpc:
+    grpc_type: str
+    service: str
+    method: str
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return (self.grpc_type, self.service, self.method)
+
+
+class StatusInterceptor(aio.ServerInterceptor):
+    """Maps exceptions to statuses and records per-RPC metrics."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        behavior: Any
+        make: Callable[..., Handler]
+        if handler.unary_unary is not None:
+            grpc_type, behavior, make = (
+                "unary",
+                handler.unary_unary,
+                grpc.unary_unary_rpc_method_handler,
+            )
+        elif handler.unary_stream is not None:
+            grpc_type, behavior, make = (
+                "server_stream",
+                handler.unary_stream,
+                grpc.unary_stream_rpc_method_handler,
+            )
+        elif handler.stream_unary is not None:
+            grpc_type, behavior, make = (
+                "client_stream",
+                handler.stream_unary,
+                grpc.stream_unary_rpc_method_handler,
+            )
+        else:
+            grpc_type, behavior, make = (
+                "bidi_stream",
+                handler.stream_stream,
+                grpc.stream_stream_rpc_method_handler,
+            )
+        rpc = _Rpc(grpc_type, service, method)
+        wrapped = (
+            self._wrap_generator(behavior, rpc)
+            if inspect.isasyncgenfunction(behavior)
+            else self._wrap_coroutine(behavior, rpc)
+        )
+        return make(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _wrap_coroutine(self, behavior: Any, rpc: _Rpc) -> Callable[..., Awaitable[Any]]:
+        async def call(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            start = self._started(rpc)
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                response = await behavior(request, context)
+                code = grpc.StatusCode.OK
+                return response
+            except (aio.AbortError, asyncio.CancelledError) as exc:
+                code = _code_of(exc, context)
+                raise
+            except Exception as exc:
+                status = _status_for(exc, rpc)
+                code = status.code
+                await context.abort_with_status(status)
+            finally:
+                self._handled(rpc, code, start)
+
+        return call
+
+    def _wrap_generator(self, behavior: Any, rpc: _Rpc) -> Callable[..., AsyncIterator[Any]]:
+        async def stream(
+            request: Any, context: aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            start = self._started(rpc)
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                async for response in behavior(request, context):
+                    yield response
+                code = grpc.StatusCode.OK
+            except (aio.AbortError, asyncio.CancelledError) as exc:
+                code = _code_of(exc, context)
+                raise
+            except Exception as exc:
+                status = _status_for(exc, rpc)
+                code = status.code
+                await context.abort_with_status(status)
+            finally:
+                self._handled(rpc, code, start)
+
+        return stream
+
+    def _started(self, rpc: _Rpc) -> float:
+        self._metrics.grpc_started.labels(*rpc.labels).inc()
+        return time.perf_counter()
+
+    def _handled(self, rpc: _Rpc, code: grpc.StatusCode, start: float) -> None:
+        self._metrics.grpc_handled.labels(*rpc.labels, code.name).inc()
+        self._metrics.grpc_seconds.labels(*rpc.labels).observe(time.perf_counter() - start)
+
+
+def _status_for(exc: Exception, rpc: _Rpc) -> grpc.Status:
+    """The table's status for ``exc``; an unmapped exception is logged by type only."""
+    if errors.rule_for(exc) is None:
+        log.error("%s/%s failed: unexpected %s", rpc.service, rpc.method, type(exc).__name__)
+    return errors.to_status(exc)
+
+
+def _code_of(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN

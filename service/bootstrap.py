@@ -1,0 +1,157 @@
+"""The composition root: the only place that picks a backend and wires the service.
+
+``open_backend`` opens exactly the backend the configuration names (no
+default, no fallback), touches it for real, and fails closed with a
+one-line StartupError: ConfigError (exit 2) for a bad or incomplete choice
+or an unmigrated schema, BackendUnreachable (exit 3) when the dependency does
+not answer. Backend modules are imported here, lazily, so the service loads
+without the drivers of backends it does not use.
+
+``build_server`` wires one replica around an opened backend; tests call it
+with a backend of their own (a memory backend wrapped to fail on demand).
+``serve`` is what ``message-committer serve`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from service.config import ConfigError, ServiceConfig, StartupError
+from service.domain.committer import MessageCommitter
+from service.domain.errors import StoreSchemaError
+from service.domain.faults import FaultPoints
+from service.domain.ports import Backend, Clock, SystemClock
+from service.metrics import ServiceMetrics, instrument
+from service.server import CommitServer
+
+log = logging.getLogger(__name__)
+
+OPEN_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 10.0
+NOT_DURABLE_WARNING = (
+    "the memory backend is NOT durable: every message is lost when this process stops; "
+    "use redis or scylla for anything but a demo"
+)
+
+
+class BackendUnreachable(StartupError):
+    """The chosen backend did not answer at start-up."""
+
+    exit_code = 3
+
+
+def _host_count(config: ServiceConfig) -> int:
+    return {"memory": 0, "redis": 1}.get(config.backend, len(config.scylla_contact_points))
+
+
+async def _open(config: ServiceConfig, clock: Clock) -> Backend:
+    settings = config.store_settings()
+    if config.backend == "memory":
+        from backends.memory import open_memory_backend
+
+        return open_memory_backend(settings=settings, clock=clock)
+    if config.backend == "redis":
+        from backends.redis import open_redis_backend
+
+        return await open_redis_backend(
+            config.redis_url, prefix=config.redis_prefix, settings=settings, clock=clock
+        )
+    if config.backend == "scylla":
+        from backends.scylla import open_scylla_backend
+
+        return await open_scylla_backend(
+            list(config.scylla_contact_points),
+            port=config.scylla_port,
+            keyspace=config.scylla_keyspace,
+            settings=settings,
+            username=config.scylla_username or None,
+            password=config.scylla_password or None,
+            local_dc=config.scylla_local_dc or None,
+            consistency=config.scylla_consistency,
+            serial_consistency=config.scylla_serial_consistency,
+        )
+    raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
+
+
+async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Backend:
+    """Open and touch the configured backend, or raise a StartupError."""
+    name, hosts = config.backend, _host_count(config)
+    where = f"the {name} backend ({hosts} host{'s' if hosts != 1 else ''})"
+    try:
+        async with asyncio.timeout(OPEN_TIMEOUT_S):
+            backend = await _open(config, clock or SystemClock())
+    except StartupError:
+        raise
+    except StoreSchemaError:
+        raise ConfigError(
+            f"{where} has no schema of this version: run `message-committer migrate` first"
+        ) from None
+    except Exception as exc:  # fail closed on anything, naming the type only
+        raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}") from None
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            await backend.store.readiness()
+            await backend.outbox.readiness()
+    except Exception as exc:
+        await backend.close()
+        raise BackendUnreachable(f"{where} does not answer: {type(exc).__name__}") from None
+    if not backend.durable:
+        log.warning(NOT_DURABLE_WARNING)
+    log.info("backend %s opened (%d host(s))", name, hosts)
+    return backend
+
+
+def build_server(
+    config: ServiceConfig,
+    backend: Backend,
+    *,
+    clock: Clock | None = None,
+    faults: FaultPoints | None = None,
+) -> CommitServer:
+    """Wire one replica: metrics, the instrumented store, the committer, the server."""
+    clock = clock or SystemClock()
+    metrics = ServiceMetrics()
+    metrics.describe_backend(backend.name, backend.durable, backend.requests)
+    store = instrument(backend.store, metrics)
+    committer = MessageCommitter(
+        store,
+        backend.membership,
+        backend.outbox,
+        limits=config.limits(),
+        faults=faults,
+        clock=clock,
+        observer=metrics,
+    )
+    return CommitServer(config, backend, committer, store, metrics, clock)
+
+
+async def serve(config: ServiceConfig) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
+    backend = await open_backend(config)
+    server = build_server(config, backend)
+    try:
+        await server.start()
+    except BaseException:
+        await backend.close()
+        raise
+    log.info(
+        "serving gRPC on %s (port %d, %s), HTTP on port %d",
+        config.grpc_address.rpartition(":")[0],
+        server.grpc_port,
+        "TLS" if config.tls_cert else "plaintext",
+        server.http_port,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutdown requested: draining for up to %.1fs", config.shutdown_grace)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await server.stop()
+    return 0

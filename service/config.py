@@ -1,0 +1,381 @@
+"""Service configuration: one frozen dataclass, read once at start-up.
+
+Every field can be set by an environment variable ``MC_<FIELD>`` (upper
+case) and, except secrets, by a flag ``--<field>`` (dashes); a flag wins over
+the environment, the environment over the default. Durations accept
+``250ms``, ``30s``, ``15m``, ``24h``, ``7d`` or plain seconds. Secrets
+(``MC_REDIS_URL``, ``MC_SCYLLA_PASSWORD``) are environment-only, so they never
+show in a process list, and are left out of ``repr``.
+
+Bad values raise ConfigError (exit code 2) with a one-line message that
+names the variable and the rule, never the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.domain.limits import CommitLimits
+from service.domain.ports import StoreSettings
+
+BACKENDS = ("memory", "redis", "scylla")
+_LIMITS = CommitLimits()
+_DURATION = {"kind": "duration"}
+_SECRET = {"secret": True}
+_LIST = {"kind": "list"}
+
+
+class StartupError(Exception):
+    """The service cannot start; ``exit_code`` says why."""
+
+    exit_code = 1
+
+
+class ConfigError(StartupError):
+    """A configuration value is missing or invalid."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """Everything the ``serve`` command can be told."""
+
+    backend: str = ""
+    """Where messages are stored: memory, redis or scylla. No default: it must
+    be chosen explicitly, and nothing ever falls back to memory."""
+
+    grpc_address: str = "127.0.0.1:50051"
+    """HOST:PORT the gRPC server listens on (port 0 picks a free port)."""
+
+    http_address: str = "127.0.0.1:9464"
+    """HOST:PORT of the HTTP side port serving /metrics, /healthz, /readyz."""
+
+    redis_url: str = field(default="", repr=False, metadata=_SECRET)
+    """Redis URL (redis:// or rediss://), required for the redis backend.
+    Environment only: it may hold a password. Never logged."""
+
+    redis_prefix: str = "mc"
+    """Prefix of every Redis key this service writes."""
+
+    scylla_contact_points: tuple[str, ...] = field(default=(), metadata=_LIST)
+    """Comma-separated CQL contact points (host names or IPs), required for scylla."""
+
+    scylla_port: int = 9042
+    """CQL native port of the contact points."""
+
+    scylla_keyspace: str = "message_committer"
+    """Keyspace holding the tables (created by the migrate command)."""
+
+    scylla_username: str = ""
+    """CQL user name; empty for no authentication."""
+
+    scylla_password: str = field(default="", repr=False, metadata=_SECRET)
+    """CQL password. Environment only; never logged."""
+
+    scylla_local_dc: str = ""
+    """The data centre this replica prefers (DC-aware load balancing)."""
+
+    scylla_consistency: str = "LOCAL_QUORUM"
+    """Consistency level of regular reads and writes."""
+
+    scylla_serial_consistency: str = "LOCAL_SERIAL"
+    """Serial consistency of conditional (LWT) writes."""
+
+    idempotency_window: float = field(default=7 * 86400.0, metadata=_DURATION)
+    """How long a committed key replays its ACK (default 7d)."""
+
+    history_retention: float = field(default=30 * 86400.0, metadata=_DURATION)
+    """How long a committed message stays readable in history (default 30d)."""
+
+    tls_cert: str = ""
+    """PEM certificate chain of the server; enables TLS (with tls_key)."""
+
+    tls_key: str = ""
+    """PEM private key of the server certificate."""
+
+    tls_client_ca: str = ""
+    """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
+
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest gRPC message received or sent, in bytes."""
+
+    max_concurrent_rpcs: int = 1000
+    """RPCs served at once; more are rejected with RESOURCE_EXHAUSTED (0 = unlimited)."""
+
+    recovery_interval: float = field(default=10.0, metadata=_DURATION)
+    """How often this replica runs recovery (jittered by +-20%)."""
+
+    recovery_grace: float = field(default=30.0, metadata=_DURATION)
+    """Only intents older than this are recovered (younger ones are likely in flight)."""
+
+    recovery_batch: int = 100
+    """Intents per recover_due call (at most 10 calls per run)."""
+
+    readiness_interval: float = field(default=5.0, metadata=_DURATION)
+    """How often the backend is probed for readiness."""
+
+    readiness_timeout: float = field(default=2.0, metadata=_DURATION)
+    """How long one readiness probe may take before it counts as failed."""
+
+    shutdown_grace: float = field(default=10.0, metadata=_DURATION)
+    """How long in-flight RPCs may run after SIGTERM before they are cancelled."""
+
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+
+    max_inline_body_bytes: int = _LIMITS.max_inline_body_bytes
+    """Largest inline message body; larger bodies go by reference."""
+
+    max_body_ref_uri_bytes: int = _LIMITS.max_body_ref_uri_bytes
+    """Longest body reference URI, in bytes."""
+
+    max_custom_type_chars: int = _LIMITS.max_custom_type_chars
+    """Longest custom message type name."""
+
+    max_mentions: int = _LIMITS.max_mentions
+    """Most users one message may mention."""
+
+    max_history_page: int = _LIMITS.max_history_page
+    """Most records one history page may ask for."""
+
+    max_history_page_bytes: int = _LIMITS.max_history_page_bytes
+    """Largest byte budget one history page may ask for."""
+
+    sender_rate_per_s: float = _LIMITS.sender_rate_per_s
+    """Sustained sends per second per sender on one replica (0 disables the quota)."""
+
+    sender_burst: int = _LIMITS.sender_burst
+    """Sends a sender may make at once before the rate applies."""
+
+    def limits(self) -> CommitLimits:
+        return CommitLimits(
+            max_inline_body_bytes=self.max_inline_body_bytes,
+            max_body_ref_uri_bytes=self.max_body_ref_uri_bytes,
+            max_custom_type_chars=self.max_custom_type_chars,
+            max_mentions=self.max_mentions,
+            max_history_page=self.max_history_page,
+            max_history_page_bytes=self.max_history_page_bytes,
+            sender_rate_per_s=self.sender_rate_per_s,
+            sender_burst=self.sender_burst,
+        )
+
+    def store_settings(self) -> StoreSettings:
+        return StoreSettings(
+            idempotency_window_ms=int(self.idempotency_window * 1000),
+            history_retention_ms=int(self.history_retention * 1000),
+        )
+
+
+# --- field documentation (the attribute docstrings above) ------------------------
+
+
+def _field_docs() -> dict[str, str]:
+    try:
+        tree = ast.parse(inspect.getsource(ServiceConfig))
+    except (OSError, TypeError):  # no source (frozen app): no help text
+        return {}
+    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        doc = (
+            after.value.value
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+            else None
+        )
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(doc, str)
+        ):
+            docs[node.target.id] = " ".join(doc.split())
+    return docs
+
+
+FIELD_DOCS = _field_docs()
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """How one field is set: its variable, its flag and its parser."""
+
+    name: str
+    env: str
+    flag: str | None
+    parse: Callable[[str], object]
+    default: object
+    doc: str
+
+    @property
+    def default_text(self) -> str:
+        """The default as a person would write it ("7d", "none", "127.0.0.1:50051")."""
+        value = self.default
+        if value in ("", ()):
+            return "none"
+        if isinstance(value, tuple):
+            return ",".join(value)
+        if self.parse is parse_duration and isinstance(value, float):
+            return format_duration(value)
+        return str(value)
+
+
+def options() -> list[Option]:
+    """Every field's option, in declaration order."""
+    result = []
+    for f in dataclasses.fields(ServiceConfig):
+        kind = f.metadata.get("kind") or str(f.type)
+        result.append(
+            Option(
+                name=f.name,
+                env=f"MC_{f.name.upper()}",
+                flag=None if f.metadata.get("secret") else "--" + f.name.replace("_", "-"),
+                parse=_PARSERS[kind],
+                default=f.default,
+                doc=FIELD_DOCS.get(f.name, ""),
+            )
+        )
+    return result
+
+
+# --- parsing ---------------------------------------------------------------------
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``250ms``, ``30s``, ``15m``, ``24h``, ``7d`` or ``12.5``."""
+    match = _DURATION_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError("expected a duration such as 250ms, 30s, 15m, 24h or 7d")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling of ``seconds`` in the largest unit ("7d")."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _UNITS[unit]
+        if count >= 1 and count == int(count):
+            return f"{int(count)}{unit}"
+    return f"{seconds}s"
+
+
+def _parse_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "duration": parse_duration,
+    "list": _parse_list,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every non-secret field (default None: env, then default)."""
+    for opt in options():
+        if opt.flag is None:
+            continue
+        parser.add_argument(
+            opt.flag,
+            dest=opt.name,
+            default=None,
+            metavar=opt.name.split("_")[-1].upper(),
+            help=f"{opt.doc} [env {opt.env}; default {opt.default_text}]",
+        )
+
+
+def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ServiceConfig:
+    """The configuration from flags (``None`` = not given), then the environment."""
+    values: dict[str, object] = {}
+    for opt in options():
+        raw = flags.get(opt.name)
+        source = opt.flag
+        if raw is None and opt.env in environ:
+            raw, source = environ[opt.env], opt.env
+        if raw is None:
+            continue
+        try:
+            values[opt.name] = opt.parse(str(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: invalid value ({exc})") from None
+    config = ServiceConfig(**values)  # type: ignore[arg-type]
+    validate(config)
+    return config
+
+
+def split_address(address: str, what: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` or ``[IPv6]:PORT``; ConfigError otherwise."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} must be HOST:PORT with a port from 0 to 65535")
+    return host, int(port)
+
+
+def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
+    """Raise ConfigError for the first rule ``config`` breaks."""
+    if require_backend and not config.backend:
+        raise ConfigError(
+            "no backend chosen: pass --backend or set MC_BACKEND to one of " + ", ".join(BACKENDS)
+        )
+    if config.backend and config.backend not in BACKENDS:
+        raise ConfigError(
+            "unknown backend: MC_BACKEND/--backend must be one of " + ", ".join(BACKENDS)
+        )
+    if config.backend == "redis" and not config.redis_url:
+        raise ConfigError("the redis backend needs MC_REDIS_URL")
+    if config.backend == "scylla" and not config.scylla_contact_points:
+        raise ConfigError(
+            "the scylla backend needs MC_SCYLLA_CONTACT_POINTS/--scylla-contact-points"
+        )
+    split_address(config.grpc_address, "MC_GRPC_ADDRESS/--grpc-address")
+    split_address(config.http_address, "MC_HTTP_ADDRESS/--http-address")
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ConfigError("TLS needs both MC_TLS_CERT and MC_TLS_KEY")
+    if config.tls_client_ca and not config.tls_cert:
+        raise ConfigError("MC_TLS_CLIENT_CA (mutual TLS) needs MC_TLS_CERT and MC_TLS_KEY")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
+    if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40):
+        raise ConfigError("MC_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
+    positive = (
+        "idempotency_window", "history_retention", "max_message_bytes", "recovery_interval",
+        "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",
+        "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
+        "max_history_page_bytes", "sender_burst", "scylla_port",
+    )  # fmt: skip
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"MC_{name.upper()} must be positive")
+    for name in (
+        "max_concurrent_rpcs",
+        "recovery_grace",
+        "shutdown_grace",
+        "max_mentions",
+        "sender_rate_per_s",
+    ):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"MC_{name.upper()} must not be negative")
+
+
+def read_file(path: str) -> bytes:
+    """The bytes of a configured PEM file (ConfigError when unreadable)."""
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        raise ConfigError("a configured TLS file could not be read") from None

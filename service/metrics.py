@@ -1,0 +1,266 @@
+"""Prometheus metrics of one server instance, in its own CollectorRegistry.
+
+=================================================  =====================================
+series                                             from
+=================================================  =====================================
+grpc_server_started_total{grpc_type,grpc_service,  the interceptor, per RPC started
+  grpc_method}
+grpc_server_handled_total{..., grpc_code}          the interceptor, per RPC finished
+grpc_server_handling_seconds{...} (histogram)      the interceptor
+message_committer_commits_total{outcome}           the committer (CommitObserver)
+message_committer_rejections_total{reason}         the committer (CommitObserver)
+message_committer_recovery_runs_total              the committer, per recover_due run
+message_committer_recovered_intents_total          the committer
+message_committer_recovery_failed_intents_total    the committer
+message_committer_oldest_recoverable_age_seconds   the readiness probe
+message_committer_backend_operation_seconds        InstrumentedStore, per store call
+  {operation} (histogram)
+message_committer_backend_requests_total{kind}     Backend.requests, read at scrape time
+message_committer_backend_info{backend,durable}    the bootstrap
+=================================================  =====================================
+
+No label ever carries an id, a message or an address.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as _Counter
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.domain.ids import CommitKey
+from service.domain.model import (
+    AuthenticatedSend,
+    CommitIntent,
+    CommittedMessage,
+    FrozenDeliveryInput,
+    HistoryPage,
+    HistoryQuery,
+    LoadedCommit,
+    OutboxPublication,
+    ReserveCandidate,
+    ReserveResult,
+)
+from service.domain.ports import MessageStore, StoredCommit
+
+OUTCOMES = ("committed", "replayed", "conflict", "recoverable", "rejected")
+REJECTION_REASONS = ("invalid", "not_member", "quota", "no_conversation")
+_FAST_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+class ServiceMetrics:
+    """Every series of one server; also the committer's CommitObserver."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        grpc_labels = ("grpc_type", "grpc_service", "grpc_method")
+        r = self.registry
+        self.grpc_started = Counter(
+            "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=r
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled",
+            "RPCs completed on the server, by status code.",
+            (*grpc_labels, "grpc_code"),
+            registry=r,
+        )
+        self.grpc_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Time from the start of an RPC to its completion on the server.",
+            grpc_labels,
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.commits = Counter(
+            "message_committer_commits", "Commit outcomes.", ("outcome",), registry=r
+        )
+        self.rejections = Counter(
+            "message_committer_rejections",
+            "Sends rejected before reserve, by reason.",
+            ("reason",),
+            registry=r,
+        )
+        self.recovery_runs = Counter(
+            "message_committer_recovery_runs", "recover_due runs.", registry=r
+        )
+        self.recovered_intents = Counter(
+            "message_committer_recovered_intents",
+            "Unfinished intents recovery brought to COMMITTED.",
+            registry=r,
+        )
+        self.recovery_failed_intents = Counter(
+            "message_committer_recovery_failed_intents",
+            "Unfinished intents a recovery run could not finish (retried next run).",
+            registry=r,
+        )
+        self.oldest_recoverable_age = Gauge(
+            "message_committer_oldest_recoverable_age_seconds",
+            "Age of the oldest unfinished intent at the last probe; 0 when none.",
+            registry=r,
+        )
+        self.backend_seconds = Histogram(
+            "message_committer_backend_operation_seconds",
+            "Latency of MessageStore operations, failures included.",
+            ("operation",),
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.backend_info = Info(
+            "message_committer_backend", "The backend this server runs on.", registry=r
+        )
+        for outcome in OUTCOMES:
+            self.commits.labels(outcome)
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(reason)
+
+    # --- CommitObserver ----------------------------------------------------
+
+    def outcome(self, outcome: str, reason: str = "") -> None:
+        self.commits.labels(outcome).inc()
+        if outcome == "rejected":
+            self.rejections.labels(reason or "unknown").inc()
+
+    def recovered(self, count: int, failed: int) -> None:
+        self.recovery_runs.inc()
+        self.recovered_intents.inc(count)
+        self.recovery_failed_intents.inc(failed)
+
+    # --- wiring --------------------------------------------------------------
+
+    def describe_backend(self, name: str, durable: bool, requests: _Counter[str]) -> None:
+        self.backend_info.info({"backend": name, "durable": str(durable).lower()})
+        self.registry.register(BackendRequestsCollector(requests))
+
+
+class BackendRequestsCollector(Collector):
+    """Exports a backend's request Counter as it is at scrape time."""
+
+    def __init__(self, requests: _Counter[str]) -> None:
+        self._requests = requests
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "message_committer_backend_requests",
+            "Requests the backend issued to its dependency, by kind.",
+            labels=("kind",),
+        )
+        for kind, count in sorted(self._requests.items()):
+            family.add_metric((kind,), float(count))
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
+class InstrumentedStore(MessageStore):
+    """A MessageStore that times every call of the store it wraps."""
+
+    def __init__(self, inner: MessageStore, seconds: Histogram) -> None:
+        self._inner = inner
+        self._seconds = seconds
+
+    def _timer(self, operation: str) -> _Timer:
+        return _Timer(self._seconds.labels(operation))
+
+    async def reserve(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult:
+        with self._timer("reserve"):
+            return await self._inner.reserve(request, delivery, candidate)
+
+    async def put_record(self, intent: CommitIntent) -> None:
+        with self._timer("put_record"):
+            await self._inner.put_record(intent)
+
+    async def mark_outbox_published(
+        self, intent: CommitIntent, publication: OutboxPublication
+    ) -> None:
+        with self._timer("mark_outbox_published"):
+            await self._inner.mark_outbox_published(intent, publication)
+
+    async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
+        with self._timer("mark_committed"):
+            return await self._inner.mark_committed(intent)
+
+    async def mark_published_and_committed(
+        self, intent: CommitIntent, publication: OutboxPublication
+    ) -> CommittedMessage:
+        with self._timer("mark_published_and_committed"):
+            return await self._inner.mark_published_and_committed(intent, publication)
+
+    async def _load(self, key: CommitKey) -> StoredCommit | None:
+        with self._timer("load"):
+            return await self._inner._load(key)
+
+    async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
+        with self._timer("load_commit"):
+            return await self._inner.load_commit(key, conversation)
+
+    async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        with self._timer("load_commit_for_request"):
+            return await self._inner.load_commit_for_request(request)
+
+    async def scan_recoverable_commits(
+        self, older_than_ms: int, max_items: int
+    ) -> list[CommitIntent]:
+        with self._timer("scan_recoverable_commits"):
+            return await self._inner.scan_recoverable_commits(older_than_ms, max_items)
+
+    async def history_page(self, query: HistoryQuery) -> HistoryPage:
+        with self._timer("history_page"):
+            return await self._inner.history_page(query)
+
+    async def readiness(self) -> None:
+        with self._timer("readiness"):
+            await self._inner.readiness()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class _AtomicInstrumentedStore(InstrumentedStore):
+    atomic_publish_commit = True
+
+
+def instrument(store: MessageStore, metrics: ServiceMetrics) -> InstrumentedStore:
+    """Wrap ``store``, keeping whether its publish+commit step is atomic."""
+    cls = _AtomicInstrumentedStore if store.atomic_publish_commit else InstrumentedStore
+    return cls(store, metrics.backend_seconds)
+
+
+class _Timer:
+    """Observes the wall time of a ``with`` block, exceptions included."""
+
+    __slots__ = ("_child", "_start")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._child.observe(time.perf_counter() - self._start)

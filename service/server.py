@@ -1,0 +1,165 @@
+"""The gRPC server process: one grpc.aio server plus its side tasks.
+
+``CommitServer`` owns, for one process:
+
+* the grpc.aio server with the two v1 services, ``grpc.health.v1`` and
+  server reflection, behind the one StatusInterceptor;
+* the readiness probe that drives health, and the recovery loop;
+* the HTTP side port (/metrics, /healthz, /readyz);
+* the backend, which it closes last.
+
+Shutdown order (``stop``): health turns NOT_SERVING for good, the side loops
+stop, ``server.stop(grace)`` lets in-flight RPCs finish while refusing new
+ones, the HTTP side closes, then the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service.api.admin import MembershipServicer
+from service.api.interceptor import StatusInterceptor
+from service.api.servicer import CommitterServicer
+from service.config import ConfigError, ServiceConfig, read_file, split_address
+from service.domain.committer import MessageCommitter
+from service.domain.ports import Backend, Clock
+from service.gen.message_committer.v1 import (
+    committer_pb2,
+    committer_pb2_grpc,
+    membership_pb2,
+    membership_pb2_grpc,
+)
+from service.health import ReadinessHealthServicer, ReadinessProbe
+from service.httpside import HttpSide
+from service.metrics import InstrumentedStore, ServiceMetrics
+from service.recovery import RecoveryLoop
+
+log = logging.getLogger(__name__)
+
+COMMITTER_SERVICE = committer_pb2.DESCRIPTOR.services_by_name["MessageCommitterService"].full_name
+MEMBERSHIP_SERVICE = membership_pb2.DESCRIPTOR.services_by_name[
+    "ConversationMembershipService"
+].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE)
+LOOP_STOP_TIMEOUT_S = 5.0
+
+
+class CommitServer:
+    """Starts, serves and stops one replica of the service."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        backend: Backend,
+        committer: MessageCommitter,
+        store: InstrumentedStore,
+        metrics: ServiceMetrics,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.committer = committer
+        self.metrics = metrics
+        self.health = ReadinessHealthServicer()
+        self.probe = ReadinessProbe(
+            committer,
+            store,
+            self.health,
+            metrics,
+            clock,
+            backend=backend.name,
+            durable=backend.durable,
+            services=SERVICES,
+            interval_s=config.readiness_interval,
+            timeout_s=config.readiness_timeout,
+        )
+        self.recovery = RecoveryLoop(
+            committer,
+            clock,
+            interval_s=config.recovery_interval,
+            grace_s=config.recovery_grace,
+            batch=config.recovery_batch,
+        )
+        self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
+        self._server = aio.server(
+            interceptors=[StatusInterceptor(metrics)],
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.so_reuseport", 0),  # a port in use fails start-up, never shares
+            ],
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+        )
+        committer_pb2_grpc.add_MessageCommitterServiceServicer_to_server(
+            CommitterServicer(committer, clock), self._server
+        )
+        membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
+            MembershipServicer(backend.membership), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (*SERVICES, HEALTH_SERVICE, reflection.SERVICE_NAME), self._server
+        )
+        self._stop_loops = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self.grpc_port = 0
+        self.http_port = 0
+
+    def _bind_grpc(self) -> int:
+        address = self.config.grpc_address
+        try:
+            if not self.config.tls_cert:
+                return self._server.add_insecure_port(address)
+            client_ca = self.config.tls_client_ca
+            credentials = grpc.ssl_server_credentials(
+                [(read_file(self.config.tls_key), read_file(self.config.tls_cert))],
+                root_certificates=read_file(client_ca) if client_ca else None,
+                require_client_auth=bool(client_ca),
+            )
+            return self._server.add_secure_port(address, credentials)
+        except RuntimeError:
+            raise ConfigError(
+                "cannot listen on MC_GRPC_ADDRESS/--grpc-address (in use or not a local address)"
+            ) from None
+
+    async def start(self) -> None:
+        """Bind both ports, probe once, then serve. Raises ConfigError on a bad bind."""
+        self.grpc_port = self._bind_grpc()
+        await self.probe.probe_once()
+        await self._server.start()
+        host, port = split_address(self.config.http_address, "MC_HTTP_ADDRESS")
+        try:
+            self.http_port = await self.http.start(host, port)
+        except OSError:
+            await self._server.stop(None)
+            raise ConfigError(
+                "cannot listen on MC_HTTP_ADDRESS/--http-address (in use or not a local address)"
+            ) from None
+        self._loops = [
+            asyncio.create_task(self.probe.run(self._stop_loops), name="readiness-probe"),
+            asyncio.create_task(self.recovery.run(self._stop_loops), name="recovery-loop"),
+        ]
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, stop loops, drain RPCs, close HTTP and backend."""
+        await self.probe.enter_shutdown()
+        self._stop_loops.set()
+        if self._loops:
+            _, pending = await asyncio.wait(self._loops, timeout=LOOP_STOP_TIMEOUT_S)
+            for task in pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        grace = self.config.shutdown_grace if grace_s is None else grace_s
+        await self._server.stop(grace)
+        await self.http.close()
+        await self.backend.close()
+        log.info("stopped")
