@@ -86,7 +86,7 @@ async def open_redis_backend(
 async def _bootstrap(link: RedisLink, keys: KeySpace) -> None:
     replies = await link.pipeline(
         [("PING",), ("SET", keys.schema, SCHEMA_VERSION, "NX"), ("GET", keys.schema)],
-        write=True,
+        write=False,  # setting the version if absent is idempotent
     )
     if replies[0] is not True:
         raise StoreUnavailable("redis did not answer PING")
