@@ -66,59 +66,60 @@ def _request(rng: random.Random, tenant: str, cmid: str) -> AuthenticatedSend:
     return send(tenant, conv, cmid=cmid, content=content, mentions=rng.choice([(), ("bob",)]))
 
 
-@pytest.mark.parametrize("seed", range(40))
-async def test_redis_answers_every_call_as_memory_does(redis_h: RedisHarness, seed: int) -> None:
-    rng = random.Random(seed)
-    clock_m, clock_r = ManualClock(1_000_000), ManualClock(1_000_000)
-    memory = open_memory_backend(settings=SETTINGS, clock=clock_m)
-    redis = await redis_h.open(settings=SETTINGS, clock=clock_r)
-    tenant = f"t{seed}"
-    for conv in ("c1", "c2"):
-        created = await _both(
-            lambda b, c=conv: b.membership.create_conversation(tenant, c, ["alice", "bob"]),
-            memory,
-            redis,
-        )
-        assert created[0] == created[1]
-    intents: dict[str, CommitIntent] = {}
-    requests: dict[str, AuthenticatedSend] = {}
-    delivery = FrozenDeliveryInput(("alice", "bob"), 1)
-    log: list[str] = []
-    for step in range(STEPS):
-        cmid = f"k{rng.randrange(4)}"
-        op = rng.choice(
-            ["reserve"] * 4
-            + ["put", "publish", "pub_commit", "commit"] * 2
-            + ["forge", "load", "load_req", "history", "scan", "members", "tick"]
-        )
-        log.append(f"{step}:{op}:{cmid}")
-        intent = intents.get(cmid)
-        call: Callable[[Backend], Awaitable[Any]]
-        if op == "reserve":
-            req = requests[cmid] if cmid in requests and rng.random() < 0.7 else None
-            req = req or _request(rng, tenant, cmid)
-            candidate = ReserveCandidate(f"m-{step}", step)
-            call = lambda b, r=req, c=candidate: b.store.reserve(r, delivery, c)  # noqa: E731
-        elif op in ("put", "publish", "pub_commit", "commit", "forge") and intent is not None:
-            pub = rng.choice(PUBLICATIONS)
-            if op == "forge":
-                forged_record = dataclasses.replace(intent.record, device="other")
-                intent = dataclasses.replace(intent, record=forged_record)
-                op = rng.choice(["put", "publish", "pub_commit", "commit"])
-            call = {
-                "put": lambda b, i=intent: b.store.put_record(i),
-                "publish": lambda b, i=intent, p=pub: b.store.mark_outbox_published(i, p),
-                "pub_commit": lambda b, i=intent, p=pub: b.store.mark_published_and_committed(i, p),
-                "commit": lambda b, i=intent: b.store.mark_committed(i),
-            }[op]
-        elif op == "load" and intent is not None:
-            conv = rng.choice([intent.conversation, "c2"])
-            call = lambda b, i=intent, c=conv: b.store.load_commit(i.key, c)  # noqa: E731
-        elif op == "load_req" and cmid in requests:
-            call = lambda b, r=requests[cmid]: b.store.load_commit_for_request(r)  # noqa: E731
-        elif op == "history":
+Call = Callable[[Backend], Awaitable[Any]]
+
+
+class _Walk:
+    """One seeded random walk over a few keys of one tenant."""
+
+    def __init__(self, seed: int, clocks: tuple[ManualClock, ManualClock]) -> None:
+        self.rng = random.Random(seed)
+        self.tenant = f"t{seed}"
+        self.clocks = clocks
+        self.intents: dict[str, CommitIntent] = {}
+        self.requests: dict[str, AuthenticatedSend] = {}
+        self.delivery = FrozenDeliveryInput(("alice", "bob"), 1)
+
+    def reserve(self, cmid: str, step: int) -> tuple[Call, AuthenticatedSend]:
+        known = self.requests.get(cmid)
+        req = known if known and self.rng.random() < 0.7 else None
+        req = req or _request(self.rng, self.tenant, cmid)
+        candidate, delivery = ReserveCandidate(f"m-{step}", step), self.delivery
+
+        def call(b: Backend) -> Awaitable[Any]:
+            return b.store.reserve(req, delivery, candidate)
+
+        return call, req
+
+    def transition(self, op: str, intent: CommitIntent) -> Call:
+        pub = self.rng.choice(PUBLICATIONS)
+        if op == "forge":
+            intent = dataclasses.replace(
+                intent, record=dataclasses.replace(intent.record, device="other")
+            )
+            op = self.rng.choice(["put", "publish", "pub_commit", "commit"])
+
+        def call(b: Backend) -> Awaitable[Any]:
+            if op == "put":
+                return b.store.put_record(intent)
+            if op == "publish":
+                return b.store.mark_outbox_published(intent, pub)
+            if op == "pub_commit":
+                return b.store.mark_published_and_committed(intent, pub)
+            return b.store.mark_committed(intent)
+
+        return call
+
+    def read(self, op: str, cmid: str) -> Call | None:
+        rng, intent, request = self.rng, self.intents.get(cmid), self.requests.get(cmid)
+        if op == "load" and intent is not None:
+            key, conv = intent.key, rng.choice([intent.conversation, "c2"])
+            return lambda b: b.store.load_commit(key, conv)
+        if op == "load_req" and request is not None:
+            return lambda b: b.store.load_commit_for_request(request)
+        if op == "history":
             query = HistoryQuery(
-                tenant,
+                self.tenant,
                 rng.choice(["c1", "c2", "nope"]),
                 rng.choice(["alice", "bob", "eve"]),
                 rng.choice(list(Direction)),
@@ -126,29 +127,73 @@ async def test_redis_answers_every_call_as_memory_does(redis_h: RedisHarness, se
                 rng.randrange(1, 5),
                 rng.choice([1024, 1 << 20]),
             )
-            call = lambda b, q=query: b.store.history_page(q)  # noqa: E731
-        elif op == "scan":
-            bound = clock_m.now_ms() + rng.randrange(-500, 500)
-            call = lambda b, o=bound: _scan(b, o)  # noqa: E731
-        elif op == "members":
+            return lambda b: b.store.history_page(query)
+        if op == "scan":
+            bound = self.clocks[0].now_ms() + rng.randrange(-500, 500)
+            return lambda b: _scan(b, bound)
+        if op == "members":
             users = rng.sample(["alice", "bob", "eve"], 2)
-            verb = rng.choice(["add_members", "remove_members"])
-            call = lambda b, u=users, v=verb: getattr(b.membership, v)(tenant, "c1", u)  # noqa: E731
-        elif op == "tick":
-            jump = rng.choice([100, 600, 1_100, 3_100])
-            clock_m.advance(jump)
-            clock_r.advance(jump)
+            add = rng.random() < 0.5
+            tenant = self.tenant
+
+            def members(b: Backend) -> Awaitable[Any]:
+                if add:
+                    return b.membership.add_members(tenant, "c1", users)
+                return b.membership.remove_members(tenant, "c1", users)
+
+            return members
+        return None
+
+    def tick(self) -> None:
+        jump = self.rng.choice([100, 600, 1_100, 3_100])
+        for clock in self.clocks:
+            clock.advance(jump)
+
+
+def _create(tenant: str, conversation: str) -> Call:
+    return lambda b: b.membership.create_conversation(tenant, conversation, ["alice", "bob"])
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_redis_answers_every_call_as_memory_does(redis_h: RedisHarness, seed: int) -> None:
+    clocks = (ManualClock(1_000_000), ManualClock(1_000_000))
+    memory = open_memory_backend(settings=SETTINGS, clock=clocks[0])
+    redis = await redis_h.open(settings=SETTINGS, clock=clocks[1])
+    walk = _Walk(seed, clocks)
+    for conv in ("c1", "c2"):
+        created = await _both(_create(walk.tenant, conv), memory, redis)
+        assert created[0] == created[1]
+    log: list[str] = []
+    for step in range(STEPS):
+        cmid = f"k{walk.rng.randrange(4)}"
+        op = walk.rng.choice(
+            ["reserve"] * 4
+            + ["put", "publish", "pub_commit", "commit"] * 2
+            + ["forge", "load", "load_req", "history", "scan", "members", "tick"]
+        )
+        log.append(f"{step}:{op}:{cmid}")
+        intent = walk.intents.get(cmid)
+        req: AuthenticatedSend | None = None
+        call: Call | None
+        if op == "tick":
+            walk.tick()
             continue
+        if op == "reserve":
+            call, req = walk.reserve(cmid, step)
+        elif op in ("put", "publish", "pub_commit", "commit", "forge"):
+            call = None if intent is None else walk.transition(op, intent)
         else:
+            call = walk.read(op, cmid)
+        if call is None:
             continue
         got_m, got_r = await _both(call, memory, redis)
         assert got_r == got_m, f"seed {seed}, steps {log[-8:]}"
         kind, value = got_m
-        if kind != "ok" or op not in ("reserve", "load", "load_req", "put", "publish"):
+        if kind != "ok":
             continue
-        if isinstance(value, Reserved | InProgress):
-            intents[cmid] = value.intent
-            if op == "reserve":
-                requests[cmid] = req
+        if op in ("reserve", "load", "load_req") and isinstance(value, Reserved | InProgress):
+            walk.intents[cmid] = value.intent
+            if req is not None:
+                walk.requests[cmid] = req
         elif op == "put" and intent is not None and intent.state is CommitState.RESERVED:
-            intents[cmid] = intent.advanced(CommitState.RECORDED)
+            walk.intents[cmid] = intent.advanced(CommitState.RECORDED)
