@@ -1,0 +1,144 @@
+"""Wiring: ``open_scylla_backend`` connects, checks the schema, prepares, builds the ports."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Literal
+
+from backends.scylla import conversations, history, outbox, recovery, store
+from backends.scylla.conversations import ScyllaMembershipStore
+from backends.scylla.history import TTL_SLACK_S, History, ttl_s
+from backends.scylla.outbox import ScyllaOutbox
+from backends.scylla.recovery import RecoveryIndex
+from backends.scylla.schema import (
+    READ_VERSION,
+    SCHEMA_SCOPE,
+    SCHEMA_VERSION,
+    check_keyspace,
+)
+from backends.scylla.session import CqlSession
+from backends.scylla.store import ScyllaMessageStore
+from service.domain.errors import StoreInvalid, StoreSchemaError
+from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._~:\-]{0,128}")
+_READINESS = {"schema.version": READ_VERSION.replace("%s", "?")}
+
+
+async def schema_version(cql: CqlSession) -> int | None:
+    """The applied schema version, or None when the keyspace is not migrated."""
+    try:
+        rows = await cql.simple(READ_VERSION, (SCHEMA_SCOPE,))
+    except StoreSchemaError:  # no keyspace or no schema_version table
+        return None
+    return int(rows[0]["version"]) if rows else None
+
+
+def require_version(found: int | None) -> None:
+    """Fail closed unless ``found`` is exactly the version this release runs on."""
+    if found is None:
+        raise StoreSchemaError(
+            "scylla: the keyspace is not migrated; run `message-committer migrate` first"
+        )
+    if found < SCHEMA_VERSION:
+        raise StoreSchemaError(
+            f"scylla: schema version {found} is older than {SCHEMA_VERSION};"
+            " run `message-committer migrate` first"
+        )
+    if found > SCHEMA_VERSION:
+        raise StoreSchemaError(
+            f"scylla: schema version {found} is newer than this release supports"
+            f" ({SCHEMA_VERSION}); upgrade the service"
+        )
+
+
+async def open_scylla_backend(
+    contact_points: Sequence[str],
+    *,
+    port: int = 9042,
+    keyspace: str = "message_committer",
+    settings: StoreSettings | None = None,
+    clock: Clock | None = None,
+    identity_form: Literal["digest", "whole"] = "digest",
+    username: str | None = None,
+    password: str | None = None,
+    local_dc: str | None = None,
+    consistency: str = "LOCAL_QUORUM",
+    serial_consistency: str = "LOCAL_SERIAL",
+    request_timeout_s: float = 5.0,
+    namespace: str = "",
+) -> Backend:
+    """The Scylla backend (name "scylla", durable).
+
+    Fails closed: StoreUnavailable when the cluster cannot be reached (the
+    text names no host and no credential), StoreSchemaError when the
+    keyspace is not migrated to exactly ``SCHEMA_VERSION``.
+
+    ``namespace`` scopes the two structures that are not tenant-scoped, the
+    recovery index and the outbox log, so that several deployments (or test
+    cases) can share a keyspace. Every replica of one deployment must use the
+    same value; the default "" suits one deployment per keyspace.
+    """
+    check_keyspace(keyspace)
+    if not _NAMESPACE_RE.fullmatch(namespace):
+        raise StoreInvalid("namespace must be up to 128 characters from A-Z a-z 0-9 . _ ~ : -")
+    settings = settings or StoreSettings()
+    clock = clock or SystemClock()
+    requests: Counter[str] = Counter()
+    cql = await CqlSession.connect(
+        contact_points,
+        port=port,
+        keyspace=keyspace,
+        requests=requests,
+        username=username,
+        password=password,
+        local_dc=local_dc,
+        consistency=consistency,
+        serial_consistency=serial_consistency,
+        request_timeout_s=request_timeout_s,
+    )
+    try:
+        require_version(await schema_version(cql))
+        await cql.prepare(
+            {
+                **_READINESS,
+                **conversations.STATEMENTS,
+                **history.STATEMENTS,
+                **recovery.STATEMENTS,
+                **outbox.STATEMENTS,
+                **store.STATEMENTS,
+            }
+        )
+    except BaseException:
+        await cql.close()
+        raise
+
+    async def readiness() -> None:
+        rows = await cql.read("schema.version", (SCHEMA_SCOPE,))
+        require_version(int(rows[0]["version"]) if rows else None)
+
+    # A seq reservation must never outlive a committed intent (see conversations).
+    members = ScyllaMembershipStore(
+        cql, clock, reservation_ttl_s=ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
+    )
+    message_store = ScyllaMessageStore(
+        cql,
+        members,
+        History(cql, members, clock, settings.history_retention_ms),
+        RecoveryIndex(cql, namespace),
+        settings,
+        clock,
+        identity_form,
+        readiness,
+    )
+    return Backend(
+        name="scylla",
+        store=message_store,
+        membership=members,
+        outbox=ScyllaOutbox(cql, namespace, readiness),
+        durable=True,
+        closers=[cql.close],
+        requests=requests,
+    )

@@ -1,0 +1,117 @@
+"""A table-backed outbox: an append-only log per namespace, partitioned by day.
+
+``publish`` appends one row keyed by a fresh time-based UUID (the
+position) and returns it once the write is acknowledged at the configured
+consistency: that acknowledgement is the durable ack the committer waits
+for. Delivery is at least once: a retried publish appends another row.
+
+``read(after, limit)`` walks the days listed in ``outbox_days`` from the
+day of ``after`` on. Positions order by their time, so a relay tailing the
+log should stay a few seconds behind "now" to let writers with slower clocks
+land (the usual caveat of time-ordered logs). Entries are kept
+``OUTBOX_TTL_S`` (7 days): a relay must drain within that.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+
+from backends.scylla.session import CqlSession, Row
+from service.domain.errors import StoreInvalid
+from service.domain.model import CommitIntent, OutboxEntry, OutboxPublication
+from service.domain.ports import Outbox
+
+STATEMENTS = {
+    "ob.add": "INSERT INTO {ks}.outbox (namespace, day, position, tenant, conversation, seq,"
+    " message_id, recipients) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+    "ob.day": "INSERT INTO {ks}.outbox_days (namespace, day) VALUES (?, ?) USING TTL ?",
+    "ob.days": "SELECT day FROM {ks}.outbox_days WHERE namespace = ? AND day >= ? LIMIT ?",
+    "ob.after": "SELECT position, tenant, conversation, seq, message_id, recipients"
+    " FROM {ks}.outbox WHERE namespace = ? AND day = ? AND position > ? LIMIT ?",
+    "ob.all": "SELECT position, tenant, conversation, seq, message_id, recipients"
+    " FROM {ks}.outbox WHERE namespace = ? AND day = ? LIMIT ?",
+}
+
+ReadinessCheck = Callable[[], Awaitable[None]]
+STREAM = "scylla-outbox"
+DAY_MS = 86_400_000
+OUTBOX_TTL_S = 7 * 86_400
+MAX_DAYS_PER_READ = 400
+_UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 to 1970-01-01 in 100 ns units
+
+
+def _day(position: uuid.UUID) -> int:
+    return ((position.time - _UUID_EPOCH) // 10_000) // DAY_MS
+
+
+class ScyllaOutbox(Outbox):
+    def __init__(self, cql: CqlSession, namespace: str, readiness: ReadinessCheck) -> None:
+        self._cql = cql
+        self._ns = namespace
+        self._readiness = readiness
+        self._node = random.getrandbits(48) | (1 << 40)  # a random node id (multicast bit)
+        self._days_written: set[int] = set()
+
+    async def publish(self, intent: CommitIntent) -> OutboxPublication:
+        position = uuid.uuid1(node=self._node)
+        day = _day(position)
+        if day not in self._days_written:  # days are never deleted before they expire
+            await self._cql.write("ob.day", (self._ns, day, OUTBOX_TTL_S + 2 * 86_400))
+            self._days_written.add(day)
+        r = intent.record
+        await self._cql.write(
+            "ob.add",
+            (
+                self._ns,
+                day,
+                position,
+                r.tenant,
+                r.conversation,
+                r.seq,
+                r.message_id,
+                list(intent.delivery.recipients),
+                OUTBOX_TTL_S,
+            ),
+        )
+        return OutboxPublication(STREAM, str(position))
+
+    async def read(self, after: str, limit: int) -> list[OutboxEntry]:
+        if limit <= 0:
+            return []
+        start: uuid.UUID | None = None
+        if after:
+            try:
+                start = uuid.UUID(after)
+            except ValueError:
+                raise StoreInvalid("outbox position is not one this outbox returned") from None
+            if start.version != 1:
+                raise StoreInvalid("outbox position is not one this outbox returned")
+        first_day = _day(start) if start else 0
+        days = await self._cql.read("ob.days", (self._ns, first_day, MAX_DAYS_PER_READ))
+        found: list[OutboxEntry] = []
+        for day in sorted(int(r["day"]) for r in days):
+            left = limit - len(found)
+            if start is not None and day == first_day:
+                rows = await self._cql.read("ob.after", (self._ns, day, start, left))
+            else:
+                rows = await self._cql.read("ob.all", (self._ns, day, left))
+            found.extend(_entry(row) for row in rows)
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+    async def readiness(self) -> None:
+        await self._readiness()
+
+
+def _entry(row: Row) -> OutboxEntry:
+    return OutboxEntry(
+        OutboxPublication(STREAM, str(row["position"])),
+        row["tenant"],
+        row["conversation"],
+        int(row["seq"]),
+        row["message_id"],
+        tuple(row.get("recipients") or ()),
+    )
