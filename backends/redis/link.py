@@ -36,6 +36,11 @@ CALL = "redis_call"
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
+class WriteRefused(StoreUnavailable):
+    """Redis refused a write before running it (out of memory, a read-only
+    replica): nothing was written, reads may still work."""
+
+
 def translate(exc: BaseException, *, write: bool) -> StoreError:
     """The store error for a driver exception; its text carries no secrets."""
     kind = type(exc).__name__
@@ -44,7 +49,7 @@ def translate(exc: BaseException, *, write: bool) -> StoreError:
             return StoreOutcomeUnknown(f"redis did not confirm a write ({kind})")
         return StoreUnavailable(f"redis did not answer ({kind})")
     if isinstance(exc, rx.OutOfMemoryError | rx.ReadOnlyError):
-        return StoreUnavailable(f"redis refused a write ({kind})")
+        return WriteRefused(f"redis refused a write ({kind})")
     if isinstance(exc, rx.ResponseError):
         text = str(exc)
         if text.startswith("WRONGTYPE"):

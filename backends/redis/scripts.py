@@ -15,6 +15,8 @@ to results and to the store's own errors.
 
 Write scripts start with a ``#!lua`` line, so a server in OOM refuses them
 before they run (no partial write), and reads carry ``no-writes``. The
+history read also trims expired history, so it carries ``allow-oom``
+instead: its only writes free memory. The
 scripts that touch the key pointer or the recovery index also declare
 ``allow-cross-slot-keys``; the others touch a single conversation's hash
 tag and so would run unchanged on Redis Cluster.
@@ -200,8 +202,10 @@ if ptr[1] and live(ptr[2], now) and ptr[1] ~= ARGV[2] then return {'other', ptr[
 return {'none'}
 """
 
-HISTORY = """#!lua
+HISTORY = """#!lua flags=allow-oom
 -- KEYS: meta members history expiry
+-- allow-oom: its only writes delete (the retention sweep), so reads keep
+-- working when Redis is out of memory
 -- ARGV: now actor direction(f|b) anchor count
 --@shared
 local now = tonumber(ARGV[1])

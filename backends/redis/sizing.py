@@ -4,8 +4,10 @@
 MessageCommitter on a throwaway key prefix, then reads ``MEMORY USAGE``
 (all samples) and ``OBJECT ENCODING`` of its commit hash; it does the same
 for a pre-compaction (OUTBOXED) hash in the current digest form and in the
-legacy whole-identity form, counts the round trips of a fresh commit and a
-replay, and deletes every key it wrote.
+legacy whole-identity form, sizes the key pointer, counts the round trips of
+a fresh commit and a replay, and deletes every key it wrote. The throwaway
+prefix (``mc-sizing-xxxxxxxx``) is 16 bytes longer than the default ``mc``,
+so the figures are slightly pessimistic.
 
     python -m backends.redis.sizing --url redis://127.0.0.1:6379 --body-bytes 100
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 from typing import Any
@@ -120,6 +123,7 @@ async def measure_committed_record(url: str, body_bytes: int = 100) -> dict[str,
         replay_calls = backend.requests[CALL] - before
         conv = keys.conversation(TENANT, CONVERSATION)
         committed = await _describe(link, conv.commit(SENDER, request.cmid))
+        pointer = await _describe(link, keys.pointer(TENANT, SENDER, request.cmid))
         outboxed = await _describe(link, conv.commit(SENDER, await _outboxed(backend, body_bytes)))
         legacy = await _describe(link, conv.commit(SENDER, await _outboxed(whole, body_bytes)))
         return {
@@ -130,6 +134,8 @@ async def measure_committed_record(url: str, body_bytes: int = 100) -> dict[str,
             "precompaction_encoding": outboxed["encoding"],
             "legacy_whole_identity_memory_usage_bytes": legacy["memory_usage_bytes"],
             "legacy_whole_identity_encoding": legacy["encoding"],
+            "pointer_memory_usage_bytes": pointer["memory_usage_bytes"],
+            "pointer_encoding": pointer["encoding"],
             "redis_calls_fresh_commit": fresh_calls,
             "redis_calls_replay": replay_calls,
         }
@@ -146,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m backends.redis.sizing",
         description="Measure the Redis memory of one committed message.",
     )
-    parser.add_argument("--url", default="redis://127.0.0.1:6379/0", help="Redis URL")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("MC_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="Redis URL (default: $MC_REDIS_URL, else the local default port)",
+    )
     parser.add_argument("--body-bytes", type=int, default=100, help="inline body size")
     args = parser.parse_args(argv)
     if not 1 <= args.body_bytes <= CommitLimits().max_inline_body_bytes:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from backends.redis import codec, scripts
 from backends.redis.keys import ConversationKeys, KeySpace
-from backends.redis.link import RedisLink
+from backends.redis.link import RedisLink, WriteRefused
 from service.domain.errors import (
     StoreAlreadyExists,
     StoreConflict,
@@ -134,25 +134,33 @@ class RedisMessageStore(MessageStore, MembershipStore):
             reply_to=request.reply_to,
             server_ts_ms=candidate.server_ts_ms,
         )
-        reply = await self._link.script(
-            scripts.RESERVE_SCRIPT,
-            [
-                ck.meta,
-                ck.commit(key.sender, key.cmid),
-                self._keys.pointer(key.tenant, key.sender, key.cmid),
-                self._keys.recovery,
-            ],
-            [
-                now,
-                conv,
-                identity,
-                codec.encode_record(record),
-                candidate.message_id,
-                candidate.server_ts_ms,
-                codec.encode_delivery(delivery),
-                self._keys.recovery_member(key.tenant, conv, key.sender, key.cmid),
-            ],
-        )
+        try:
+            reply = await self._link.script(
+                scripts.RESERVE_SCRIPT,
+                [
+                    ck.meta,
+                    ck.commit(key.sender, key.cmid),
+                    self._keys.pointer(key.tenant, key.sender, key.cmid),
+                    self._keys.recovery,
+                ],
+                [
+                    now,
+                    conv,
+                    identity,
+                    codec.encode_record(record),
+                    candidate.message_id,
+                    candidate.server_ts_ms,
+                    codec.encode_delivery(delivery),
+                    self._keys.recovery_member(key.tenant, conv, key.sender, key.cmid),
+                ],
+            )
+        except WriteRefused:
+            # Out of memory or a read-only replica: a retry of a known key can
+            # still be answered from what is stored (replays keep working).
+            known = await self.load_commit_for_request(request)
+            if known is None:
+                raise
+            return known
         status, rest = _status(reply)
         if status == b"reserved":
             seq = codec.to_int(rest[0] if rest else None)

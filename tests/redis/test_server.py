@@ -18,6 +18,7 @@ from service.domain.errors import (
 from service.domain.model import AuthenticatedSend, CommittedMessage, HistoryQuery
 from service.domain.ports import Backend
 from service.testing.invariants import Ledger, check_invariants, read_history
+from tests.redis.conftest import snapshot
 from tests.servers.redis_server import RedisHarness, RedisServer
 from tests.support import committer, conversation, send, text, unique
 
@@ -221,3 +222,33 @@ async def test_history_reads_stay_consistent_with_a_second_instance(
     assert [r.seq for r in page.records] == [5, 4, 3] and page.next_anchor == 3
     assert page.last_seq == 5 and page.available_from_seq == 1
     assert [a.seq for a in acks] == [1, 2, 3, 4, 5]
+
+
+async def test_out_of_memory_refuses_writes_whole_and_still_serves_reads(
+    own_redis_server: RedisServer,
+) -> None:
+    backend = await open_redis_backend(own_redis_server.url, prefix="oom")
+    admin = Redis.from_url(own_redis_server.url)
+    try:
+        tenant = unique("t")
+        await conversation(backend, tenant)
+        c = committer(backend)
+        req = send(tenant)
+        ack = await c.commit_send(req)
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")
+        before = await snapshot(admin, "oom")
+        with pytest.raises(Recoverable):
+            await c.commit_send(send(tenant))
+        with pytest.raises(StoreUnavailable) as caught:
+            await backend.membership.add_members(tenant, "c1", ["carol"])
+        _assert_clean(caught.value, own_redis_server)
+        assert await snapshot(admin, "oom") == before
+        assert await c.commit_send(req) == ack  # replays are reads
+        page = await backend.store.history_page(HistoryQuery(tenant, "c1", "bob"))
+        assert [r.message_id for r in page.records] == [ack.message_id]
+        await admin.config_set("maxmemory", "0")
+        assert (await c.commit_send(send(tenant))).seq == 2
+    finally:
+        await admin.aclose()
+        await backend.close()
