@@ -28,7 +28,7 @@ from service.domain.model import (
     ReserveCandidate,
     Reserved,
 )
-from service.domain.ports import ManualClock
+from service.domain.ports import ManualClock, StoreSettings
 from tests.redis.conftest import snapshot
 from tests.servers.redis_server import RedisHarness
 from tests.support import committer, conversation, send, text, unique
@@ -244,3 +244,24 @@ async def test_refused_transitions_leave_every_key_as_it_was(
     with pytest.raises(StoreConflict):
         await backend.store.mark_committed(recorded.advanced(CommitState.OUTBOXED, pub))
     assert await snapshot(raw, redis_h.prefix) == before
+
+
+async def test_a_key_alone_finds_its_commit_through_the_pointer(redis_h: RedisHarness) -> None:
+    clock = ManualClock()
+    backend = await redis_h.open(clock=clock, settings=StoreSettings(idempotency_window_ms=1000))
+    tenant = unique("t")
+    await conversation(backend, tenant, "c:1")
+    req = send(tenant, "c:1")
+    assert await backend.store._load(req.key) is None
+    reserved = await backend.store.reserve(
+        req, FrozenDeliveryInput(("alice",), 1), ReserveCandidate("m-1", 5)
+    )
+    assert isinstance(reserved, Reserved)
+    stored = await backend.store._load(req.key)
+    assert stored is not None and stored.intent == reserved.intent and stored.conversation == "c:1"
+    ack = await committer(backend).commit_send(req)
+    stored = await backend.store._load(req.key)
+    assert stored is not None and stored.committed == ack and stored.intent is None
+    assert stored.identity == req.reserve_identity_digest()
+    clock.advance(1000)
+    assert await backend.store._load(req.key) is None
