@@ -47,12 +47,13 @@ def _plugin(name: str) -> str:
 
 def generate(out: Path) -> None:
     """Write the generated package (with ``__init__.py`` files) under ``out``."""
-    from grpc_tools import protoc  # dev dependency: imported only when generating
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency only
 
     sources = sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto"))
     if not sources:
         raise SystemExit("generate.py: no .proto files under protos/")
     well_known = resources.files("grpc_tools") / "_proto"
+    out.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",
         f"--proto_path={PROTOS}",
@@ -61,8 +62,8 @@ def generate(out: Path) -> None:
         f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
         f"--python_out={out}",
         f"--grpc_python_out={out}",
-        f"--mypy_out={out}",
-        f"--mypy_grpc_out={out}",
+        f"--mypy_out=quiet:{out}",
+        f"--mypy_grpc_out=quiet:{out}",
         *sources,
     ]
     if protoc.main(args) != 0:

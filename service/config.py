@@ -283,6 +283,13 @@ _PARSERS: dict[str, Callable[[str], object]] = {
 }
 
 
+_EXPECTED: dict[Callable[[str], object], str] = {
+    int: "an integer",
+    float: "a number",
+    parse_duration: "a duration such as 250ms, 30s, 15m, 24h or 7d",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add a flag for every non-secret field (default None: env, then default)."""
     for opt in options():
@@ -309,8 +316,9 @@ def load(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ServiceConfig:
             continue
         try:
             values[opt.name] = opt.parse(str(raw))
-        except ValueError as exc:
-            raise ConfigError(f"{source}: invalid value ({exc})") from None
+        except ValueError:
+            expected = _EXPECTED.get(opt.parse, "a value")
+            raise ConfigError(f"{source}: invalid value, expected {expected}") from None
     config = ServiceConfig(**values)  # type: ignore[arg-type]
     validate(config)
     return config

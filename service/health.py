@@ -100,7 +100,8 @@ class ReadinessProbe:
                 await self._committer.readiness()
                 oldest = await self._store.scan_recoverable_commits(self._clock.now_ms(), 1)
         except Exception as exc:  # any failure of the probe means "not ready"
-            result = Readiness(False, f"{self._backend} backend not ready ({type(exc).__name__})")
+            cause = type(exc.__cause__ or exc).__name__  # the store's error, not its wrapper
+            result = Readiness(False, f"{self._backend} backend not ready ({cause})")
         else:
             age_ms = self._clock.now_ms() - oldest[0].created_at_ms if oldest else 0
             self._metrics.oldest_recoverable_age.set(max(0, age_ms) / 1000)

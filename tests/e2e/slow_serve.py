@@ -1,0 +1,36 @@
+"""``python -m tests.e2e.slow_serve serve ...``: the real CLI on a slow memory backend.
+
+Identical to ``message-committer`` except that ``put_record`` takes
+``SLOW_S`` seconds in conversation "slow", so a test can have an RPC in
+flight when it sends SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import backends.memory as memory
+from service.cli import main
+from service.domain.model import CommitIntent
+from service.domain.ports import Backend
+
+SLOW_S = 1.5
+
+
+class SlowStore(memory.MemoryMessageStore):
+    async def put_record(self, intent: CommitIntent) -> None:
+        if intent.conversation == "slow":
+            await asyncio.sleep(SLOW_S)
+        await super().put_record(intent)
+
+
+def open_slow_backend(*args: Any, **kwargs: Any) -> Backend:
+    store = SlowStore(*args, **kwargs)
+    return Backend("memory", store, store, memory.MemoryOutbox(store.state), durable=False)
+
+
+if __name__ == "__main__":
+    memory.open_memory_backend = open_slow_backend
+    sys.exit(main())
