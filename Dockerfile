@@ -38,7 +38,9 @@ RUN python -m venv --without-pip /opt/venv \
         --require-hashes --only-binary=:all: --requirement requirements.lock
 
 # The project itself: build its wheel, install it without dependencies (they
-# are all in the lock) and without an index (nothing can sneak in).
+# are all in the lock) and without an index (nothing can sneak in). Only the
+# wheel build fetches its build backend (setuptools, per pyproject.toml); it
+# is not installed into /opt/venv.
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY backends ./backends
