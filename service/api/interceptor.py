@@ -97,7 +97,9 @@ class StatusInterceptor(aio.ServerInterceptor):
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
             try:
-                response = await behavior(request, context)
+                response = behavior(request, context)
+                if inspect.isawaitable(response):
+                    response = await response
                 code = grpc.StatusCode.OK
                 return response
             except (aio.AbortError, asyncio.CancelledError) as exc:
