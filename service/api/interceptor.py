@@ -39,6 +39,15 @@ class _Rpc:
         return (self.grpc_type, self.service, self.method)
 
 
+# (grpc_type label, RpcMethodHandler attribute, handler factory), one per RPC shape.
+_KINDS: tuple[tuple[str, str, Callable[..., Handler]], ...] = (
+    ("unary", "unary_unary", grpc.unary_unary_rpc_method_handler),
+    ("server_stream", "unary_stream", grpc.unary_stream_rpc_method_handler),
+    ("client_stream", "stream_unary", grpc.stream_unary_rpc_method_handler),
+    ("bidi_stream", "stream_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
 class StatusInterceptor(aio.ServerInterceptor):
     """Maps exceptions to statuses and records per-RPC metrics."""
 
@@ -54,32 +63,8 @@ class StatusInterceptor(aio.ServerInterceptor):
         if handler is None:
             return None
         service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        behavior: Any
-        make: Callable[..., Handler]
-        if handler.unary_unary is not None:
-            grpc_type, behavior, make = (
-                "unary",
-                handler.unary_unary,
-                grpc.unary_unary_rpc_method_handler,
-            )
-        elif handler.unary_stream is not None:
-            grpc_type, behavior, make = (
-                "server_stream",
-                handler.unary_stream,
-                grpc.unary_stream_rpc_method_handler,
-            )
-        elif handler.stream_unary is not None:
-            grpc_type, behavior, make = (
-                "client_stream",
-                handler.stream_unary,
-                grpc.stream_unary_rpc_method_handler,
-            )
-        else:
-            grpc_type, behavior, make = (
-                "bidi_stream",
-                handler.stream_stream,
-                grpc.stream_stream_rpc_method_handler,
-            )
+        grpc_type, attribute, make = next(k for k in _KINDS if getattr(handler, k[1]) is not None)
+        behavior = getattr(handler, attribute)
         rpc = _Rpc(grpc_type, service, method)
         wrapped = (
             self._wrap_generator(behavior, rpc)
