@@ -49,7 +49,7 @@ def _day(position: uuid.UUID) -> int:
 class ScyllaOutbox(Outbox):
     def __init__(self, cql: CqlSession, namespace: str, readiness: ReadinessCheck) -> None:
         self._cql = cql
-        self._ns = namespace
+        self._ns = f"ns:{namespace}"  # never empty: CQL refuses an empty partition key
         self._readiness = readiness
         self._node = random.getrandbits(48) | (1 << 40)  # a random node id (multicast bit)
         self._days_written: set[int] = set()

@@ -89,7 +89,7 @@ def entry_of(intent: CommitIntent) -> Entry:
 class RecoveryIndex:
     def __init__(self, cql: CqlSession, namespace: str) -> None:
         self._cql = cql
-        self._ns = namespace
+        self._ns = f"ns:{namespace}"  # never empty: CQL refuses an empty partition key
 
     def _where(self, entry: Entry) -> tuple[object, ...]:
         bucket = entry.created_at_ms // BUCKET_MS

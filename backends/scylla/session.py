@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -42,7 +41,14 @@ from cassandra import (
     WriteTimeout,
 )
 from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    Session,
+)
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import (
     BatchStatement,
@@ -60,14 +66,14 @@ from service.domain.errors import (
     StoreUnavailable,
 )
 
-log = logging.getLogger(__name__)
-
 Row = dict[str, Any]
 Params = Sequence[object]
 Send = Callable[[], Awaitable[list[Row]]]
-Mode = Literal["read", "write", "cas"]
+Mode = Literal["read", "serial", "write", "cas"]
 Interceptor = Callable[[str, Send], Awaitable[list[Row]]]
-"""``(statement name, send) -> rows``: tests wrap a send to inject failures."""
+"""``(statement name, send) -> rows``: tests wrap a send to inject failures; a
+driver exception raised by the interceptor is translated like a real one.
+Batches are named ``batch:<first statement>``."""
 
 CONSISTENCY_LEVELS = (
     "ONE",
@@ -80,6 +86,8 @@ CONSISTENCY_LEVELS = (
     "LOCAL_ONE",
 )
 SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
+DRIVER_ERRORS = (DriverException, NoHostAvailable, ConnectionException, OSError)
+"""What the driver raises: its own exceptions are not all DriverExceptions."""
 _DEADLINE_SLACK_S = 5.0  # the driver's own timeout fires first; this only bounds a lost callback
 
 
@@ -157,13 +165,13 @@ class CqlSession:
                 connect_timeout=request_timeout_s,
                 control_connection_timeout=request_timeout_s,
             )
-        except DriverException as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"scylla: bad cluster settings ({type(exc).__name__})") from None
         try:
             session = await asyncio.wait_for(
                 asyncio.to_thread(cluster.connect), timeout=4 * request_timeout_s + 10
             )
-        except (DriverException, OSError, TimeoutError) as exc:
+        except (*DRIVER_ERRORS, TimeoutError) as exc:
             await asyncio.to_thread(cluster.shutdown)
             what = "authentication failed" if _is_auth(exc) else "cannot connect to the cluster"
             raise StoreUnavailable(f"scylla: {what} ({type(exc).__name__})") from None
@@ -196,20 +204,22 @@ class CqlSession:
                 f"scylla: the schema does not match this version ({type(exc).__name__});"
                 " run `message-committer migrate`"
             ) from None
-        except DriverException as exc:
+        except DRIVER_ERRORS as exc:
             raise _translate(exc, "read") from None
         self._prepared.update(prepared)
 
     # --- executing -------------------------------------------------------------
 
     async def read(self, name: str, params: Params, *, serial: bool = False) -> list[Row]:
-        """A plain read (or, with ``serial``, a linearizable read)."""
+        """A plain read or, with ``serial``, a linearizable one. Serial reads
+        decide refused or unknown conditional writes, so when one fails the
+        outcome stays unknown: StoreOutcomeUnknown."""
         bound = self._prepared[name].bind(params)
         bound.is_idempotent = True
         if serial:
             bound.consistency_level = self._serial
         self.requests["serial_read" if serial else "statement"] += 1
-        return await self._run(name, bound, "read")
+        return await self._run(name, bound, "serial" if serial else "read")
 
     async def write(self, name: str, params: Params) -> None:
         """A plain, idempotent write."""
@@ -261,7 +271,7 @@ class CqlSession:
             raise StoreSchemaError(
                 f"scylla: schema statement rejected ({type(exc).__name__})"
             ) from None
-        except DriverException as exc:
+        except DRIVER_ERRORS as exc:
             raise _translate(exc, "read") from None
 
     async def _run(self, name: str, statement: Any, mode: Mode) -> list[Row]:
@@ -269,14 +279,14 @@ class CqlSession:
             raise StoreUnavailable("scylla: the backend is closed")
 
         async def send() -> list[Row]:
-            try:
-                return await self._send(statement, None, self._timeout)
-            except DriverException as exc:
-                raise _translate(exc, mode) from None
+            return await self._send(statement, None, self._timeout)
 
-        if self.interceptor is not None:
-            return await self.interceptor(name, send)
-        return await send()
+        try:
+            if self.interceptor is not None:
+                return await self.interceptor(name, send)
+            return await send()
+        except DRIVER_ERRORS as exc:
+            raise _translate(exc, mode) from None
 
     async def _send(self, statement: Any, params: Params | None, limit_s: float) -> list[Row]:
         loop = asyncio.get_running_loop()
@@ -318,7 +328,7 @@ def _is_auth(exc: BaseException) -> bool:
     )
 
 
-def _translate(exc: DriverException, mode: Mode) -> StoreError:
+def _translate(exc: BaseException, mode: Mode) -> StoreError:
     """The StoreError for a driver exception (no driver text is kept)."""
     kind = type(exc).__name__
     if isinstance(exc, RequestValidationException):
@@ -327,6 +337,8 @@ def _translate(exc: DriverException, mode: Mode) -> StoreError:
         return StoreInvalid(f"scylla: the request was rejected ({kind})")
     if isinstance(exc, AuthenticationFailed) or _is_auth(exc):
         return StoreUnavailable(f"scylla: authentication failed ({kind})")
+    if mode == "serial":
+        return StoreOutcomeUnknown(f"scylla: a serial re-read failed, outcome unknown ({kind})")
     if mode == "cas" or (
         mode == "write" and isinstance(exc, WriteTimeout | WriteFailure | OperationTimedOut)
     ):

@@ -134,6 +134,11 @@ class ScyllaMessageStore(MessageStore):
         self._readiness = readiness
         self.commit_ttl_s = ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
 
+    @property
+    def cql(self) -> CqlSession:
+        """The driver session (tests install an ``interceptor`` on it)."""
+        return self._cql
+
     # --- reading one key ---------------------------------------------------------
 
     async def _row(self, key: CommitKey, *, serial: bool = False) -> Row | None:
