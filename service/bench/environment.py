@@ -1,0 +1,271 @@
+"""The server and backend under test: started here, or targeted.
+
+Without ``--target`` the bench opens the backend with the service's own
+composition root (``service.bootstrap.open_backend`` + ``build_server``) and
+runs the real ``CommitServer`` in this process, on 127.0.0.1 port 0. Its
+backend is then also what the in-process floors drive, and its
+``Backend.requests`` counter is read directly. The bench server differs from
+``serve`` defaults in three settings, all for measurement hygiene: the
+readiness probe and recovery loop run hourly (their backend calls would
+otherwise land in the cost figures), and the per-sender quota is set far
+above what any workload sends (its code still runs on every send).
+
+Backends without an address given start throwaway servers, killed at the
+end: a ``redis-server`` (``tests/servers/redis_server.py``'s RedisServer) and
+a Cassandra node (``deploy/cassandra/cassandra_node.py``) whose keyspace is
+created with the Scylla backend's migration. Those helpers live in the
+development checkout, not in the installed package; elsewhere, pass an
+address.
+
+With ``--target HOST:PORT`` the bench only drives that server; the cost
+figures then come from scraping ``--metrics-url`` before and after each
+workload, and the storage floor needs the backend's address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import re
+import shutil
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from service.bench.driver import BenchError
+from service.bootstrap import build_server, open_backend
+from service.config import ServiceConfig, StartupError
+from service.domain.ports import Backend
+from service.server import CommitServer
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+CASSANDRA_LAUNCHER = REPO / "deploy" / "cassandra" / "cassandra_node.py"
+HOUR_S = 3600.0
+UNLIMITED_RATE = 1_000_000.0
+SCRAPE_TIMEOUT_S = 5.0
+_REQUESTS_LINE = re.compile(
+    r'^message_committer_backend_requests_total\{kind="([^"]+)"\}\s+([0-9.eE+-]+)\s*$'
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendAddress:
+    """Where a backend lives (never printed: a URL may hold a password)."""
+
+    redis_url: str = ""
+    scylla_contact_points: tuple[str, ...] = ()
+    scylla_port: int = 9042
+    scylla_keyspace: str = ""
+
+
+@dataclasses.dataclass
+class Target:
+    """One server under test."""
+
+    backend: str
+    address: str
+    description: str
+    server: CommitServer | None = None
+    floor_backend: Backend | None = None
+    """The backend the in-process floors drive (the server's own when in-process)."""
+    metrics_url: str = ""
+    redis_url: str = ""
+    own_floor_backend: bool = False
+
+    async def requests(self) -> Counter[str] | None:
+        """The backend request counter now, or None when it cannot be read."""
+        if self.server is not None:
+            return Counter(self.server.backend.requests)
+        if not self.metrics_url:
+            return None
+        return await asyncio.to_thread(scrape_requests, self.metrics_url)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace_s=1.0)  # closes the backend too
+            self.server = None
+        elif self.own_floor_backend and self.floor_backend is not None:
+            await self.floor_backend.close()
+        self.floor_backend = None
+
+
+def scrape_requests(url: str) -> Counter[str]:
+    """``message_committer_backend_requests_total`` by kind from a /metrics page."""
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+        text = response.read().decode("utf-8", "replace")
+    found: Counter[str] = Counter()
+    for line in text.splitlines():
+        match = _REQUESTS_LINE.match(line)
+        if match:
+            found[match.group(1)] = int(float(match.group(2)))
+    return found
+
+
+def _load_file_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BenchError(f"cannot load {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Environment:
+    """Owns the throwaway servers of one bench run; ``close`` kills them all."""
+
+    def __init__(self, given: BackendAddress, run_tag: str) -> None:
+        self._given = given
+        self._tag = run_tag
+        self._redis: Any = None
+        self._cassandra: Any = None
+        self._keyspace = ""
+
+    # --- backend addresses -------------------------------------------------
+
+    def redis_url(self) -> str:
+        if self._given.redis_url:
+            return self._given.redis_url
+        if self._redis is None:
+            try:
+                module = importlib.import_module("tests.servers.redis_server")
+            except ImportError as exc:
+                raise BenchError(
+                    "no Redis given (--redis-url / MC_REDIS_URL) and the development "
+                    "checkout's tests/servers/redis_server.py is not importable"
+                ) from exc
+            server = module.RedisServer()
+            server.start()
+            self._redis = server
+        return str(self._redis.url)
+
+    async def scylla(self) -> BackendAddress:
+        g = self._given
+        if g.scylla_contact_points:
+            return BackendAddress(
+                scylla_contact_points=g.scylla_contact_points,
+                scylla_port=g.scylla_port,
+                scylla_keyspace=g.scylla_keyspace or "message_committer",
+            )
+        if self._cassandra is None:
+            if not CASSANDRA_LAUNCHER.is_file():
+                raise BenchError(
+                    "no CQL server given (--scylla-contact-points) and the development "
+                    "checkout's deploy/cassandra/cassandra_node.py is missing"
+                )
+            module = _load_file_module("mc_bench_cassandra_node", CASSANDRA_LAUNCHER)
+            node = module.CassandraNode()
+            self._cassandra = node
+            await asyncio.to_thread(node.start)
+            self._keyspace = f"mc_bench_{self._tag}"
+            await _migrate(node.host, node.port, self._keyspace)
+        node = self._cassandra
+        return BackendAddress(
+            scylla_contact_points=(str(node.host),),
+            scylla_port=int(node.port),
+            scylla_keyspace=self._keyspace,
+        )
+
+    async def config(self, backend: str) -> ServiceConfig:
+        """The bench server's configuration for ``backend``."""
+        config = ServiceConfig(
+            backend=backend,
+            grpc_address="127.0.0.1:0",
+            http_address="127.0.0.1:0",
+            redis_prefix=f"mcbench-{self._tag}",
+            readiness_interval=HOUR_S,
+            recovery_interval=HOUR_S,
+            sender_rate_per_s=UNLIMITED_RATE,
+        )
+        if backend == "redis":
+            config = dataclasses.replace(config, redis_url=self.redis_url())
+        elif backend == "scylla":
+            where = await self.scylla()
+            config = dataclasses.replace(
+                config,
+                scylla_contact_points=where.scylla_contact_points,
+                scylla_port=where.scylla_port,
+                scylla_keyspace=where.scylla_keyspace,
+            )
+        return config
+
+    # --- targets -------------------------------------------------------------
+
+    async def start(self, backend: str) -> Target:
+        """Run the real server in this process on ``backend``."""
+        config = await self.config(backend)
+        try:
+            opened = await open_backend(config)
+        except StartupError as exc:
+            raise BenchError(f"cannot open the {backend} backend: {exc}") from None
+        server = build_server(config, opened)
+        try:
+            await server.start()
+        except BaseException:
+            await opened.close()
+            raise
+        address = f"127.0.0.1:{server.grpc_port}"
+        return Target(
+            backend=backend,
+            address=address,
+            description=f"in-process CommitServer on {address}",
+            server=server,
+            floor_backend=opened,
+            metrics_url=f"http://127.0.0.1:{server.http_port}/metrics",
+            redis_url=config.redis_url,
+        )
+
+    async def attach(self, backend: str, address: str, metrics_url: str) -> Target:
+        """Drive a server someone else runs; open the backend for the floors if we can."""
+        target = Target(
+            backend=backend,
+            address=address,
+            description=f"external server at {address}",
+            metrics_url=metrics_url,
+        )
+        g = self._given
+        reachable = backend == "memory" or g.redis_url or g.scylla_contact_points
+        if reachable:
+            config = await self.config(backend)
+            try:
+                target.floor_backend = await open_backend(config)
+            except StartupError as exc:
+                raise BenchError(f"cannot open the {backend} backend: {exc}") from None
+            target.own_floor_backend = True
+            target.redis_url = config.redis_url
+        return target
+
+    def close(self) -> None:
+        """Kill every server this environment started."""
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                self._redis.close()
+            self._redis = None
+        if self._cassandra is not None:
+            node, self._cassandra = self._cassandra, None
+            with contextlib.suppress(Exception):
+                node.stop(grace=20)
+            with contextlib.suppress(Exception):
+                node.kill()
+            if not node.is_running():
+                shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+async def _migrate(host: str, port: int, keyspace: str) -> None:
+    """Create ``keyspace`` with the Scylla backend's own migration."""
+    from backends.scylla.migrate import migrate
+
+    await migrate([host], port=port, keyspace=keyspace)
+
+
+def run_tag() -> str:
+    """A short random tag that names this run's tenants, prefixes and keyspace."""
+    return uuid.uuid4().hex[:8]

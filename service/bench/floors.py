@@ -1,0 +1,159 @@
+"""Floors: what the service could at best reach, measured in the same run.
+
+* gRPC floor: ``grpc.health.v1.Health/Check`` on the very server under test,
+  driven by the same client processes as the workloads. It is the stock
+  async health servicer (plus one trailing-metadata entry), behind the same
+  StatusInterceptor, so it pays for everything a Commit pays for on the
+  gRPC side and nothing of the commit itself. (Workload ``grpc-floor``.)
+* storage floor: the backend's own store objects, driven in this process
+  without gRPC, the committer or metrics, at the same concurrency, with the
+  calls the committer issues for a fresh send: membership read, reserve,
+  put_record, outbox publish, then mark_published_and_committed (memory,
+  redis) or mark_outbox_published + mark_committed (scylla). Its replay
+  twin is membership read + reserve of an already committed key.
+* committer floor: ``MessageCommitter.commit_send`` on the same backend in
+  this process: the domain's whole commit path, without gRPC or metrics.
+
+The in-process floors run on the server's event loop while the server is
+idle, which is the same single process a replica has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from service.bench.driver import BenchError, PhaseResult, Tally
+from service.bench.workloads import DEVICE, Population
+from service.domain.committer import MessageCommitter, new_message_id
+from service.domain.limits import CommitLimits
+from service.domain.model import (
+    AuthenticatedSend,
+    CommitState,
+    Committed,
+    MessageContent,
+    MessageType,
+    ReserveCandidate,
+    Reserved,
+)
+from service.domain.ports import Backend, SystemClock
+
+Op = Callable[[], Awaitable[None]]
+REPLAY_POOL_CAP = 50_000
+
+
+async def run_ops(
+    op: Op,
+    streams: int,
+    duration_s: float,
+    max_calls: int,
+    progress: Callable[[int], None],
+) -> PhaseResult:
+    """Run ``op`` from ``streams`` coroutines until the budget or the time is spent."""
+    tally = Tally(progress)
+    budget = [max_calls]
+    deadline = time.monotonic() + duration_s
+    perf = time.perf_counter
+
+    async def stream() -> None:
+        while budget[0] > 0 and time.monotonic() < deadline:
+            budget[0] -= 1
+            start = perf()
+            try:
+                await op()
+            except BenchError:
+                raise
+            except Exception as exc:  # counted by type, as a status code would be
+                tally.record(perf() - start, type(exc).__name__, False)
+                await asyncio.sleep(0.001)
+                continue
+            tally.record(perf() - start, "OK", True)
+
+    tally.result.started = time.time()
+    cpu = time.process_time()
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    tally.result.server_cpu_s = time.process_time() - cpu
+    tally.result.ended = time.time()
+    return tally.result
+
+
+class StorageDriver:
+    """Makes the sends of the in-process floors and keeps what committed."""
+
+    def __init__(self, backend: Backend, population: Population, body_bytes: int, seed: int):
+        self.backend = backend
+        self.population = population
+        self._rng = random.Random(seed)
+        self._body = bytes(self._rng.choice(b"abcdefghij ") for _ in range(max(1, body_bytes)))
+        self._counter = 0
+        self._clock = SystemClock()
+        self.committed: list[AuthenticatedSend] = []
+
+    def new_send(self, prefix: str) -> AuthenticatedSend:
+        p, rng = self.population, self._rng
+        index = rng.randrange(p.spread_conversations)
+        self._counter += 1
+        return AuthenticatedSend(
+            tenant=p.tenant,
+            sender=p.spread_member(index, rng.randrange(p.members)),
+            device=DEVICE,
+            conversation=p.spread(index),
+            cmid=f"{prefix}.{self._counter}",
+            content=MessageContent(MessageType.TEXT, body=self._body),
+        )
+
+    def _remember(self, send: AuthenticatedSend) -> None:
+        if len(self.committed) < REPLAY_POOL_CAP:
+            self.committed.append(send)
+        else:
+            self.committed[self._rng.randrange(REPLAY_POOL_CAP)] = send
+
+    async def fresh(self) -> None:
+        """One fresh commit through the store objects, as the committer does it."""
+        b = self.backend
+        store = b.store
+        send = self.new_send("sf")
+        membership = await b.membership.membership(send.tenant, send.conversation)
+        if membership is None:
+            raise BenchError("the bench conversations are missing")
+        now = self._clock.now_ms()
+        candidate = ReserveCandidate(new_message_id(now), now)
+        result = await store.reserve(send, membership.delivery(), candidate)
+        if not isinstance(result, Reserved):
+            raise RuntimeError("reserve of a new key did not reserve")
+        await store.put_record(result.intent)
+        intent = result.intent.advanced(CommitState.RECORDED)
+        publication = await b.outbox.publish(intent)
+        if store.atomic_publish_commit:
+            await store.mark_published_and_committed(intent, publication)
+        else:
+            await store.mark_outbox_published(intent, publication)
+            await store.mark_committed(intent.advanced(CommitState.OUTBOXED, publication))
+        self._remember(send)
+
+    async def replay(self) -> None:
+        """One replay of a committed key: membership read and reserve."""
+        if not self.committed:
+            raise BenchError("the storage replay floor needs committed keys first")
+        send = self._rng.choice(self.committed)
+        b = self.backend
+        membership = await b.membership.membership(send.tenant, send.conversation)
+        if membership is None:
+            raise BenchError("the bench conversations are missing")
+        now = self._clock.now_ms()
+        candidate = ReserveCandidate(new_message_id(now), now)
+        result = await b.store.reserve(send, membership.delivery(), candidate)
+        if not isinstance(result, Committed):
+            raise RuntimeError("reserve of a committed key did not replay")
+
+    def committer_op(self, limits: CommitLimits) -> Op:
+        """One commit through a MessageCommitter of its own (no gRPC, no metrics)."""
+        b = self.backend
+        committer = MessageCommitter(b.store, b.membership, b.outbox, limits=limits)
+
+        async def op() -> None:
+            await committer.commit_send(self.new_send("cf"))
+
+        return op

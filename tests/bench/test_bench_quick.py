@@ -1,0 +1,109 @@
+"""Smoke test of ``message-committer bench --quick``: it completes and writes well-formed JSON.
+
+Figures are not asserted (the machine is shared and noisy); only that every
+expected key is there and every number is a non-negative number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.bench.cli import main
+
+PHASES = (
+    "grpc-floor",
+    "fresh",
+    "replay",
+    "dupmix",
+    "conflict",
+    "hot",
+    "history",
+    "storage-floor",
+    "storage-replay",
+    "committer-floor",
+)
+PHASE_NUMBERS = (
+    "calls",
+    "ok",
+    "duration_s",
+    "ops_per_s",
+    "server_cpu_us_per_op",
+    "client_cpu_us_per_op",
+)
+LATENCIES = ("p50", "p90", "p99", "p999", "max", "mean")
+RATIOS = (
+    "service_over_grpc_floor",
+    "service_over_storage_floor",
+    "service_over_committer_floor",
+    "replay_over_fresh",
+    "storage_replay_over_fresh",
+    "hot_over_spread",
+    "p99_over_p50",
+)
+
+
+def _non_negative(value: Any, where: str) -> None:
+    assert isinstance(value, int | float) and not isinstance(value, bool), where
+    assert math.isfinite(value) and value >= 0, where
+
+
+def _check_document(document: dict[str, Any], backend: str) -> None:
+    assert document["schema"] == "message-committer-bench/1"
+    for key in ("nproc", "cpu_model", "memory_gib"):
+        assert key in document["machine"]
+    assert document["settings"]["quick"] is True
+    result = document["backends"][backend]
+    assert result["backend"] == backend
+    for name in PHASES:
+        phase = result["phases"][name]
+        for key in PHASE_NUMBERS:
+            _non_negative(phase[key], f"{name}.{key}")
+        for key in LATENCIES:
+            _non_negative(phase["latency_ms"][key], f"{name}.latency_ms.{key}")
+        assert phase["ok"] > 0, f"{name}: nothing succeeded"
+        for counts in (phase["errors"], phase["expected"]):
+            for code, count in counts.items():
+                assert isinstance(code, str)
+                _non_negative(count, f"{name}.{code}")
+        assert phase["cost_per_op"] is not None, name
+        for kind, cost in phase["cost_per_op"].items():
+            _non_negative(cost, f"{name}.cost_per_op.{kind}")
+    for key in RATIOS:
+        value = result["ratios"][key]
+        assert value is not None, key
+        _non_negative(value, key)
+    for target in document["targets"]:
+        assert {"name", "backend", "value", "bound", "comparison", "passed"} <= set(target)
+        assert target["passed"] in (True, False, None)
+
+
+def _run(tmp_path: Path, *argv: str) -> dict[str, Any]:
+    out = tmp_path / "bench.json"
+    code = main(["--quick", "--json", str(out), *argv])
+    assert code == 0
+    document: dict[str, Any] = json.loads(out.read_text())
+    return document
+
+
+@pytest.mark.slow
+def test_quick_bench_on_memory(tmp_path: Path) -> None:
+    document = _run(tmp_path, "--backend", "memory")
+    _check_document(document, "memory")
+    names = {t["name"] for t in document["targets"]}
+    assert any("gRPC floor" in n for n in names)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_quick_bench_on_redis(tmp_path: Path, redis_url: str) -> None:
+    document = _run(tmp_path, "--backend", "redis", "--redis-url", redis_url)
+    _check_document(document, "redis")
+    record = document["backends"]["redis"]["redis_record"]
+    _non_negative(record["memory_usage_bytes"], "redis_record.memory_usage_bytes")
+    assert isinstance(record["encoding"], str)
+    assert document["settings"]["backend_address_given"] is True
