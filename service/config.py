@@ -300,7 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=opt.name,
             default=None,
             metavar=opt.name.split("_")[-1].upper(),
-            help=f"{opt.doc} [env {opt.env}; default {opt.default_text}]",
+            help=f"{opt.doc} [env {opt.env}; default {opt.default_text}]".replace("%", "%%"),
         )
 
 

@@ -107,6 +107,7 @@ class ReadinessProbe:
             self._metrics.oldest_recoverable_age.set(max(0, age_ms) / 1000)
             note = "" if self._durable else f"; {NOT_DURABLE_NOTE}"
             result = Readiness(True, f"ready: {self._backend} backend answers{note}")
+        self._metrics.ready.set(1 if result.ready else 0)
         await self._publish(result)
         return self.readiness
 

@@ -117,6 +117,11 @@ class ServiceMetrics:
             "Age of the oldest unfinished intent at the last probe; 0 when none.",
             registry=r,
         )
+        self.ready = Gauge(
+            "message_committer_ready",
+            "1 when the last real readiness probe of the backend and outbox passed, else 0.",
+            registry=r,
+        )
         self.backend_seconds = Histogram(
             "message_committer_backend_operation_seconds",
             "Latency of MessageStore operations, failures included.",

@@ -166,6 +166,7 @@ async def test_metrics_endpoint_exports_every_series(running: Running) -> None:
     assert _value(samples, "message_committer_backend_requests_total", kind="redis_call") == 3
     assert _value(samples, "message_committer_backend_info", backend="memory", durable="false") == 1
     assert "message_committer_oldest_recoverable_age_seconds" in families
+    assert _value(samples, "message_committer_ready") == 1
     assert all("alice" not in str(s.labels) for s in samples)  # no ids in labels
 
 

@@ -55,3 +55,11 @@ def test_client_commands_need_their_ids() -> None:
     with pytest.raises(SystemExit) as caught:
         cli.build_parser().parse_args(["send", "--tenant", "t"])
     assert caught.value.code == 2
+
+
+@pytest.mark.parametrize("command", ["serve", "conversation", "send", "history", "recover"])
+def test_every_help_page_renders(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0
+    assert "usage:" in capsys.readouterr().out
