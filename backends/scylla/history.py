@@ -3,7 +3,9 @@
 Retention is counted from commit, like the memory backend's:
 
 * ``put_record`` writes the record with no TTL: an unfinished intent's
-  record never expires.
+  record never expires. Its write timestamp is the intent's creation time,
+  and the commit's rewrite (below) uses a later one, so a stalled
+  ``put_record`` that lands after the commit cannot strip the TTL.
 * ``mark_committed`` first rewrites the same record with ``expires_at_ms``
   (now + retention, by the store's clock) and a TTL a little longer, so the
   logical expiry (checked on read, to the millisecond) always comes before
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 
 from backends.scylla.codec import BODY_COLUMNS, body_values, history_record
 from backends.scylla.conversations import ScyllaMembershipStore
@@ -51,10 +54,11 @@ _COLUMNS = ("tenant", "conversation", "bucket", "seq", "message_id", "sender", "
 _VALUES = (*_COLUMNS, *BODY_COLUMNS, "server_ts_ms")
 _INSERT = (
     f"INSERT INTO {{ks}}.history ({', '.join(_VALUES)}) VALUES ({', '.join('?' * len(_VALUES))})"
+    " USING TIMESTAMP ?"
 )
 _INSERT_TTL = (
     f"INSERT INTO {{ks}}.history ({', '.join(_VALUES)}, expires_at_ms)"
-    f" VALUES ({', '.join('?' * (len(_VALUES) + 1))}) USING TTL ?"
+    f" VALUES ({', '.join('?' * (len(_VALUES) + 1))}) USING TTL ? AND TIMESTAMP ?"
 )
 _WHERE = "WHERE tenant = ? AND conversation = ? AND bucket = ?"
 
@@ -114,9 +118,11 @@ class History:
 
     # --- writes ------------------------------------------------------------------
 
-    async def put(self, record: MessageRecord) -> None:
-        """Write exactly ``record`` (no TTL: the commit is not finished)."""
-        await self._cql.write("hist.put", _values(record))
+    async def put(self, record: MessageRecord, created_at_ms: int) -> None:
+        """Write exactly ``record`` (no TTL: the commit is not finished), with the
+        write timestamp of the intent's creation: a late retry of this write can
+        then never override the commit's rewrite, whose timestamp is later."""
+        await self._cql.write("hist.put", (*_values(record), created_at_ms * 1000))
 
     async def get(self, record: MessageRecord) -> MessageRecord | None:
         """What history holds at ``record``'s seq, if anything."""
@@ -126,14 +132,15 @@ class History:
         )
         return history_record(record.tenant, record.conversation, rows[0]) if rows else None
 
-    async def committed(self, record: MessageRecord, now_ms: int) -> None:
+    async def committed(self, record: MessageRecord, now_ms: int, created_at_ms: int) -> None:
         """At commit: rewrite the record with its expiry, and schedule the expiry."""
+        written_us = max(time.time_ns() // 1000, created_at_ms * 1000 + 1)
         expires = now_ms + self._retention_ms
         history_ttl = ttl_s(self._retention_ms, TTL_SLACK_S)
         schedule_ttl = ttl_s(2 * self._retention_ms, SCHEDULE_SLACK_S)
         t, c = record.tenant, record.conversation
         await asyncio.gather(
-            self._cql.write("hist.put_ttl", (*_values(record), expires, history_ttl)),
+            self._cql.write("hist.put_ttl", (*_values(record), expires, history_ttl, written_us)),
             self._cql.write_batch(
                 [
                     ("exp.schedule", (t, c, expires, record.seq, schedule_ttl)),

@@ -294,7 +294,7 @@ class ScyllaMessageStore(MessageStore):
         _, stored = await self._stored(intent)
         if stored is None or stored.state is not CommitState.RESERVED:
             return  # committed or past RECORDED: the record is there (retry-safe)
-        await self._history.put(stored.record)
+        await self._history.put(stored.record, stored.created_at_ms)
 
     async def mark_outbox_published(
         self, intent: CommitIntent, publication: OutboxPublication
@@ -336,7 +336,7 @@ class ScyllaMessageStore(MessageStore):
         if stored.state is not CommitState.OUTBOXED or publication is None:
             raise StoreConflict("record and publication must both be recorded first")
         now = self._clock.now_ms()
-        await self._history.committed(stored.record, now)
+        await self._history.committed(stored.record, now, stored.created_at_ms)
         r, k = stored.record, intent.key
         try:
             applied = await self._cql.cas(
