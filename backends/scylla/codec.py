@@ -11,6 +11,7 @@ from cassandra.query import UNSET_VALUE
 from service.domain.errors import StoreCorrupt
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    AuthenticatedSend,
     BodyReference,
     CommitIntent,
     CommitState,
@@ -20,6 +21,7 @@ from service.domain.model import (
     MessageRecord,
     MessageType,
     OutboxPublication,
+    ReserveCandidate,
 )
 
 Row = dict[str, Any]
@@ -151,4 +153,36 @@ def intent_from_row(key: CommitKey, row: Row, state: CommitState) -> CommitInten
         state=state,
         created_at_ms=_int(row, "created_at_ms"),
         publication=publication_of(row),
+    )
+
+
+def new_intent(
+    request: AuthenticatedSend,
+    identity: bytes,
+    delivery: FrozenDeliveryInput,
+    candidate: ReserveCandidate,
+    seq: int,
+    created_at_ms: int,
+) -> CommitIntent:
+    """The RESERVED intent a first reserve writes: the candidate's coordinates at ``seq``."""
+    record = MessageRecord(
+        tenant=request.tenant,
+        conversation=request.conversation,
+        seq=seq,
+        message_id=candidate.message_id,
+        sender=request.sender,
+        device=request.device,
+        cmid=request.cmid,
+        content=request.content,
+        mentions=request.mentions,
+        reply_to=request.reply_to,
+        server_ts_ms=candidate.server_ts_ms,
+    )
+    return CommitIntent(
+        key=request.key,
+        identity=identity,
+        record=record,
+        delivery=delivery,
+        state=CommitState.RESERVED,
+        created_at_ms=created_at_ms,
     )

@@ -44,6 +44,7 @@ from backends.scylla.codec import (
     body_values,
     committed_from_row,
     intent_from_row,
+    new_intent,
     publication_of,
     state_of,
 )
@@ -203,7 +204,12 @@ class ScyllaMessageStore(MessageStore):
                 key.tenant, request.conversation, key.sender, key.cmid,
                 stale.get("seq") if stale else None,
             )  # fmt: skip
-            intent = self._new_intent(request, delivery, candidate, seq)
+            identity = (
+                request.canonical_identity()
+                if self._whole_identity
+                else request.reserve_identity_digest()
+            )
+            intent = new_intent(request, identity, delivery, candidate, seq, self._clock.now_ms())
             entry = entry_of(intent)
             await self._recovery.add(entry)
             if await self._write_intent(intent, stale):
@@ -214,40 +220,6 @@ class ScyllaMessageStore(MessageStore):
             if row is None or row.get("created_at_ms") != intent.created_at_ms:
                 await self._recovery.remove_quietly(entry)
         raise StoreUnavailable("scylla: reserve did not settle")
-
-    def _new_intent(
-        self,
-        request: AuthenticatedSend,
-        delivery: FrozenDeliveryInput,
-        candidate: ReserveCandidate,
-        seq: int,
-    ) -> CommitIntent:
-        record = MessageRecord(
-            tenant=request.tenant,
-            conversation=request.conversation,
-            seq=seq,
-            message_id=candidate.message_id,
-            sender=request.sender,
-            device=request.device,
-            cmid=request.cmid,
-            content=request.content,
-            mentions=request.mentions,
-            reply_to=request.reply_to,
-            server_ts_ms=candidate.server_ts_ms,
-        )
-        identity = (
-            request.canonical_identity()
-            if self._whole_identity
-            else request.reserve_identity_digest()
-        )
-        return CommitIntent(
-            key=request.key,
-            identity=identity,
-            record=record,
-            delivery=delivery,
-            state=CommitState.RESERVED,
-            created_at_ms=self._clock.now_ms(),
-        )
 
     async def _write_intent(self, intent: CommitIntent, stale: Row | None) -> bool:
         """The intent's LWT; False when refused or unknown (the caller re-reads)."""
