@@ -193,6 +193,10 @@ def _serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.log_level.upper() != "DEBUG":
+        # The CQL driver logs node addresses (reconnects, refused connections);
+        # the backend already reports every failure by error type alone.
+        logging.getLogger("cassandra").setLevel(logging.CRITICAL)
     from service.bootstrap import serve  # the composition root, only for serve
 
     try:
