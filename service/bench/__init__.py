@@ -3,6 +3,7 @@
 Modules:
 
 * ``cli``: the command (``main(argv) -> int``), one backend after another;
+* ``runner``: the phases of one backend, in rounds;
 * ``environment``: the server and backend under test (started here or targeted);
 * ``workloads``: the workloads and the requests they send;
 * ``driver``: the client processes that drive the server;

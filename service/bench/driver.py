@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import random
 import time
@@ -70,6 +71,8 @@ class PhaseResult:
     """CPU time the client processes spent (0 for in-process floors)."""
     server_cpu_s: float = 0.0
     """CPU time of this (the server's) process over the phase."""
+    server_gc_s: float = 0.0
+    """Time this (the server's) process spent in the cyclic garbage collector."""
 
     @property
     def elapsed_s(self) -> float:
@@ -86,10 +89,41 @@ class PhaseResult:
             out.errors.update(part.errors)
             out.client_cpu_s += part.client_cpu_s
             out.server_cpu_s += part.server_cpu_s
+            out.server_gc_s += part.server_gc_s
         if parts:
             out.started = min(p.started for p in parts)
             out.ended = max(p.ended for p in parts)
         return out
+
+
+class GcTimer:
+    """Total time this process spent in the garbage collector (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total_s += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+
+GC_TIMER: GcTimer | None = None
+
+
+def gc_seconds() -> float:
+    """GC time of this process so far (the timer starts on the first call)."""
+    global GC_TIMER
+    if GC_TIMER is None:
+        GC_TIMER = GcTimer()
+    return GC_TIMER.total_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +309,7 @@ class ClientPool:
         for conn, job in zip(self._conns, jobs, strict=True):
             conn.send(job)
         results: dict[int, PhaseResult] = {}
-        cpu = time.process_time()
+        cpu, gc_s = time.process_time(), gc_seconds()
         deadline = time.monotonic() + limit_s
         while len(results) < self.clients:
             for index, conn in enumerate(self._conns):
@@ -298,6 +332,7 @@ class ClientPool:
             await asyncio.sleep(0.05)
         merged = PhaseResult.merge([results[i] for i in range(self.clients)])
         merged.server_cpu_s = time.process_time() - cpu
+        merged.server_gc_s = gc_seconds() - gc_s
         return merged
 
     async def reset(self, timeout_s: float = 10.0) -> None:

@@ -32,6 +32,7 @@ import importlib.util
 import logging
 import re
 import shutil
+import sys
 import urllib.request
 import uuid
 from collections import Counter
@@ -80,6 +81,7 @@ class Target:
     metrics_url: str = ""
     redis_url: str = ""
     own_floor_backend: bool = False
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     async def requests(self) -> Counter[str] | None:
         """The backend request counter now, or None when it cannot be read."""
@@ -119,6 +121,13 @@ def _load_file_module(name: str, path: Path) -> ModuleType:
     return module
 
 
+def _redis_server_module() -> ModuleType:
+    """tests/servers/redis_server.py of the checkout, wherever the bench runs from."""
+    if (REPO / "tests" / "servers" / "redis_server.py").is_file() and str(REPO) not in sys.path:
+        sys.path.append(str(REPO))  # its imports name the repository's packages
+    return importlib.import_module("tests.servers.redis_server")
+
+
 class Environment:
     """Owns the throwaway servers of one bench run; ``close`` kills them all."""
 
@@ -136,7 +145,7 @@ class Environment:
             return self._given.redis_url
         if self._redis is None:
             try:
-                module = importlib.import_module("tests.servers.redis_server")
+                module = _redis_server_module()
             except ImportError as exc:
                 raise BenchError(
                     "no Redis given (--redis-url / MC_REDIS_URL) and the development "
@@ -213,7 +222,15 @@ class Environment:
             await opened.close()
             raise
         address = f"127.0.0.1:{server.grpc_port}"
+        notes = []
+        if backend == "redis" and self._redis is not None:
+            notes.append("throwaway redis-server: appendonly yes, appendfsync always")
+        if backend == "scylla" and self._cassandra is not None:
+            notes.append(
+                "throwaway Cassandra node (deploy/cassandra): 1 node, RF 1, commitlog periodic"
+            )
         return Target(
+            notes=notes,
             backend=backend,
             address=address,
             description=f"in-process CommitServer on {address}",

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from service.bench.driver import BenchError, PhaseResult, Tally
+from service.bench.driver import BenchError, PhaseResult, Tally, gc_seconds
 from service.bench.workloads import DEVICE, Population
 from service.domain.committer import MessageCommitter, new_message_id
 from service.domain.limits import CommitLimits
@@ -72,9 +72,10 @@ async def run_ops(
             tally.record(perf() - start, "OK", True)
 
     tally.result.started = time.time()
-    cpu = time.process_time()
+    cpu, gc_s = time.process_time(), gc_seconds()
     await asyncio.gather(*(stream() for _ in range(streams)))
     tally.result.server_cpu_s = time.process_time() - cpu
+    tally.result.server_gc_s = gc_seconds() - gc_s
     tally.result.ended = time.time()
     return tally.result
 

@@ -16,6 +16,7 @@ import pytest
 from service.bench.cli import main
 
 PHASES = (
+    "fresh-serial",
     "grpc-floor",
     "fresh",
     "replay",

@@ -1,0 +1,199 @@
+"""Runs the phases of one backend: warm-up, fresh-serial, then rounds of every phase.
+
+Each round runs the gRPC floor, every workload and the in-process floors
+back to back, so the phases of one round share the machine's load; the
+report takes medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+from service.bench.driver import BenchError, ClientPool, create_population
+from service.bench.environment import Target
+from service.bench.floors import StorageDriver, run_ops
+from service.bench.report import BackendReport, Phase, Round
+from service.bench.workloads import DESCRIPTIONS, Job, Kind, Population
+from service.domain.limits import CommitLimits
+
+MAX_CALLS = 5_000_000
+"""Count bound of one phase when ``--requests`` is not given."""
+FLOOR_DESCRIPTIONS = {
+    "storage-floor": "fresh commit through the store objects, no gRPC (same calls as the service)",
+    "storage-replay": "replay through the store objects: membership read + reserve",
+    "committer-floor": "MessageCommitter.commit_send in-process: no gRPC, no metrics",
+}
+SERIAL = "fresh-serial"
+"""Fresh sends from one stream, once per backend: per-commit cost without contention."""
+
+
+class Progress:
+    """One status line on stderr: redrawn with \\r on a tty, else a line every 5 s."""
+
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._every = 0.25 if self._tty else 5.0
+        self._label = ""
+        self._duration = 0.0
+        self._start = self._last = 0.0
+
+    def begin(self, label: str, duration: float) -> None:
+        self._label, self._duration = label, duration
+        self._start = self._last = time.monotonic()
+
+    def tick(self, calls: int) -> None:
+        now = time.monotonic()
+        if now - self._last < self._every:
+            return
+        self._last = now
+        elapsed = now - self._start
+        rate = calls / elapsed if elapsed > 0 else 0.0
+        text = (
+            f"{self._label}: {elapsed:5.1f}/{self._duration:.1f}s {calls:>9} calls {rate:>9.0f}/s"
+        )
+        if self._tty:
+            self._stream.write("\r" + text.ljust(78))
+        else:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def end(self) -> None:
+        if self._tty:
+            self._stream.write("\r" + " " * 78 + "\r")
+            self._stream.flush()
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class BackendBench:
+    """Runs every phase against one target."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        target: Target,
+        pool: ClientPool,
+        population: Population,
+        progress: Progress,
+    ) -> None:
+        self.args = args
+        self.target = target
+        self.pool = pool
+        self.population = population
+        self.progress = progress
+        self.report = BackendReport(target.backend, target.description, notes=list(target.notes))
+
+    def _jobs(self, kind: Kind, duration: float, serial: int = 0) -> list[Job]:
+        """One job per client process; ``serial`` > 0: that many calls from one stream."""
+        a = self.args
+        max_calls = serial or a.requests or MAX_CALLS
+        streams = [1] + [0] * (a.clients - 1) if serial else _split(a.concurrency, a.clients)
+        calls = [serial] + [0] * (a.clients - 1) if serial else _split(max_calls, a.clients)
+        start_at = time.time() + 0.2
+        ratio = a.dup_ratio if kind is Kind.DUPMIX else a.conflict_ratio
+        return [
+            Job(
+                kind=kind,
+                target=self.target.address,
+                population=self.population,
+                streams=streams,
+                max_calls=calls,
+                start_at=start_at,
+                duration_s=duration,
+                timeout_s=a.timeout,
+                body_bytes=a.body_bytes,
+                ratio=ratio,
+                page_size=a.page_size,
+                seed=a.seed,
+            )
+            for streams, calls in zip(streams, calls, strict=True)
+        ]
+
+    async def grpc_phase(self, kind: Kind, duration: float, label: str, serial: int = 0) -> Round:
+        self.progress.begin(f"[{self.target.backend}] {label}", duration)
+        before = await self.target.requests()
+        limit = duration + self.args.timeout + 60
+        jobs = self._jobs(kind, duration, serial)
+        try:
+            result = await self.pool.run(jobs, self.progress.tick, limit)
+        finally:
+            self.progress.end()
+        return Round(result, _delta(before, await self.target.requests()))
+
+    async def floor_phase(self, op: Callable[[], Awaitable[None]], label: str) -> Round:
+        a = self.args
+        self.progress.begin(f"[{self.target.backend}] {label}", a.duration)
+        before = await self.target.requests()
+        try:
+            result = await run_ops(
+                op, a.concurrency, a.duration, a.requests or MAX_CALLS, self.progress.tick
+            )
+        finally:
+            self.progress.end()
+        return Round(result, _delta(before, await self.target.requests()))
+
+    async def run(self) -> BackendReport:
+        a = self.args
+        await create_population(self.target.address, self.population)
+        if a.warmup > 0:
+            warm = await self.grpc_phase(Kind.FRESH, a.warmup, "warm-up")
+            if not warm.result.ok:
+                raise BenchError(f"warm-up: no commit succeeded ({dict(warm.result.errors)})")
+        floors: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        backend = self.target.floor_backend
+        if a.no_floors:
+            self.report.notes.append("in-process floors skipped (--no-floors)")
+        elif backend is None:
+            self.report.notes.append("storage floor skipped: no backend address given")
+        else:
+            driver = StorageDriver(backend, self.population, a.body_bytes, a.seed)
+            committer = driver.committer_op(CommitLimits(sender_rate_per_s=0))
+            floors = [
+                ("storage-floor", driver.fresh),
+                ("storage-replay", driver.replay),
+                ("committer-floor", committer),
+            ]
+        rounds: dict[str, list[Round]] = {}
+        if Kind.FRESH in a.kinds and a.serial_commits:
+            serial = await self.grpc_phase(Kind.FRESH, a.duration, SERIAL, a.serial_commits)
+            rounds[SERIAL] = [serial]
+        for number in range(1, a.rounds + 1):
+            suffix = f" (round {number}/{a.rounds})" if a.rounds > 1 else ""
+            for kind in (Kind.GRPC_FLOOR, *a.kinds):
+                got = await self.grpc_phase(kind, a.duration, kind.value + suffix)
+                rounds.setdefault(kind.value, []).append(got)
+            for name, op in floors:
+                rounds.setdefault(name, []).append(await self.floor_phase(op, name + suffix))
+        for name, measured in rounds.items():
+            if name == SERIAL:
+                kind_name, text = "workload", "new sends from ONE stream: the uncontended cost"
+            elif name in FLOOR_DESCRIPTIONS:
+                kind_name, text = "floor", FLOOR_DESCRIPTIONS[name]
+            else:
+                kind = Kind(name)
+                kind_name = "floor" if kind is Kind.GRPC_FLOOR else "workload"
+                text = DESCRIPTIONS[kind]
+            self.report.phases[name] = Phase.build(name, kind_name, text, measured)
+        if self.target.server is None and not self.target.metrics_url:
+            self.report.notes.append("cost per op unavailable: pass --metrics-url")
+        if self.target.backend == "redis" and self.target.redis_url:
+            from backends.redis.sizing import measure_committed_record
+
+            self.report.redis_record = await measure_committed_record(
+                self.target.redis_url, a.body_bytes
+            )
+        return self.report
+
+
+def _delta(before: Counter[str] | None, after: Counter[str] | None) -> Counter[str] | None:
+    if before is None or after is None:
+        return None
+    return Counter({k: max(0, after[k] - before[k]) for k in set(before) | set(after)})
