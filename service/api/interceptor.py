@@ -4,7 +4,9 @@ Servicers raise domain exceptions and never build statuses themselves; this
 interceptor turns whatever escapes a handler into the status of
 ``service.api.errors.STATUS_TABLE`` (INTERNAL "internal error" for anything
 else, logged with its type only) and counts every RPC, of every service
-(health and reflection included), by method and code.
+(health and reflection included), by method and code. A unary request whose
+bytes do not parse as the method's message is INVALID_ARGUMENT
+(INVALID_REQUEST) too; grpc alone would answer UNKNOWN with the parser's text.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import grpc
 from grpc import aio
 
 from service.api import errors
+from service.domain.errors import InvalidRequest
 from service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -71,9 +74,12 @@ class StatusInterceptor(aio.ServerInterceptor):
             if inspect.isasyncgenfunction(behavior)
             else self._wrap_coroutine(behavior, rpc)
         )
+        deserializer = handler.request_deserializer
+        if not handler.request_streaming and deserializer is not None:
+            deserializer = _lenient(deserializer)
         return make(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer,
             response_serializer=handler.response_serializer,
         )
 
@@ -82,6 +88,7 @@ class StatusInterceptor(aio.ServerInterceptor):
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
             try:
+                _check_decoded(request)
                 response = behavior(request, context)
                 if inspect.isawaitable(response):
                     response = await response
@@ -106,6 +113,7 @@ class StatusInterceptor(aio.ServerInterceptor):
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
             try:
+                _check_decoded(request)
                 async for response in behavior(request, context):
                     yield response
                 code = grpc.StatusCode.OK
@@ -128,6 +136,34 @@ class StatusInterceptor(aio.ServerInterceptor):
     def _handled(self, rpc: _Rpc, code: grpc.StatusCode, start: float) -> None:
         self._metrics.grpc_handled.labels(*rpc.labels, code.name).inc()
         self._metrics.grpc_seconds.labels(*rpc.labels).observe(time.perf_counter() - start)
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes are not a message of the method's type."""
+
+
+_UNDECODABLE = _Undecodable()
+
+
+def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``deserializer``, except that bytes it cannot parse become ``_UNDECODABLE``.
+
+    Left to grpc, a parse error is answered UNKNOWN with the parser's own text;
+    this way the handler wrapper answers it from the table, INVALID_ARGUMENT.
+    """
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:  # DecodeError, bad UTF-8 in a string field, ...
+            return _UNDECODABLE
+
+    return deserialize
+
+
+def _check_decoded(request: Any) -> None:
+    if request is _UNDECODABLE:
+        raise InvalidRequest("the request is not a valid message of this method's type")
 
 
 def _status_for(exc: Exception, rpc: _Rpc) -> grpc.Status:

@@ -291,7 +291,7 @@ class MessageCommitter:
         try:
             return await self._store.history_page(query)
         except StoreForbidden as exc:
-            raise NotAMember("reader is not a member of the conversation") from exc
+            raise NotAMember("actor (the reader) is not a member of the conversation") from exc
         except StoreNotFound as exc:
             raise ConversationNotFound("conversation not found") from exc
         except StoreInvalid as exc:

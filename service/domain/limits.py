@@ -12,7 +12,8 @@ body reference uri     2048 B    InvalidRequest; size_bytes 0..1 TiB; sha256
 custom_type            64 chars  InvalidRequest; required for CUSTOM, forbidden
                                  otherwise; same characters as ids
 mentions               100       InvalidRequest; each a valid user id, no repeats
-history page           1..200    InvalidRequest; max_bytes 1 KiB..4 MiB
+history page           1..200    InvalidRequest; max_bytes 1 KiB..4 MiB;
+                                 anchor_seq 0..2^63-1
 sends per sender       50/s      QuotaExceeded, burst 200 (0 disables)
 =====================  ========  ==============================================
 """
@@ -30,6 +31,9 @@ from service.domain.model import AuthenticatedSend, HistoryQuery, MessageType
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _TB = 1 << 40
+MAX_SEQ = (1 << 63) - 1
+"""The largest sequence number any backend can hold (a signed 64-bit integer in
+Redis and CQL); a larger history anchor is refused before it reaches a store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +128,8 @@ def validate_history_query(query: HistoryQuery, limits: CommitLimits) -> None:
         raise InvalidRequest(f"page limit must be between 1 and {limits.max_history_page}")
     if not 1024 <= query.max_bytes <= limits.max_history_page_bytes:
         raise InvalidRequest(f"max_bytes must be between 1024 and {limits.max_history_page_bytes}")
-    if query.anchor_seq < 0:
-        raise InvalidRequest("anchor_seq must not be negative")
+    if not 0 <= query.anchor_seq <= MAX_SEQ:
+        raise InvalidRequest("anchor_seq must be between 0 and 2^63-1")
 
 
 class SenderQuota:
