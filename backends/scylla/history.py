@@ -169,7 +169,8 @@ class History:
         if query.direction is Direction.FORWARD:
             lo, hi = max(query.anchor_seq + 1, floor), last_seq
         else:
-            lo, hi = floor, (query.anchor_seq - 1 if query.anchor_seq else last_seq)
+            # An anchor past the end pages from the newest record, as on every backend.
+            lo, hi = floor, (min(query.anchor_seq - 1, last_seq) if query.anchor_seq else last_seq)
         records, boundary = await self._fetch(query, lo, hi, now)
         page = build_page(query, records, available_from_seq=floor, last_seq=last_seq)
         if boundary and not page.next_anchor:

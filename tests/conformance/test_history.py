@@ -136,3 +136,12 @@ async def test_history_expires_after_retention_and_reports_the_boundary(
     page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.FORWARD))
     assert [r.seq for r in page.records] == [fresh.seq] == [4]
     assert page.available_from_seq == 4 and page.last_seq == 4
+
+
+async def test_an_anchor_past_the_end_pages_from_the_newest(harness: Harness) -> None:
+    backend = await harness.open()
+    tenant, c = await _seeded(backend, 3)
+    page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.BACKWARD, 1_000_000, 2))
+    assert [r.seq for r in page.records] == [3, 2] and page.next_anchor == 2
+    page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.FORWARD, 1_000_000, 2))
+    assert page.records == () and page.next_anchor == 0

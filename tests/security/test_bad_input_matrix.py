@@ -1043,23 +1043,10 @@ ACCEPTED = [
 ]
 
 
-# backends/scylla/history.py pages backward from ``anchor_seq - 1`` without
-# clamping it to ``last_seq``: an anchor far past the end walks (at most 256)
-# empty buckets and answers an empty page with a lower next_anchor, where memory
-# and Redis answer the newest records. Strict: this fails once it is fixed.
-SCYLLA_ANCHOR_PAST_THE_END = pytest.mark.xfail(
-    strict=True,
-    reason="Scylla history does not clamp a backward anchor past the end to last_seq",
-)
-SCYLLA_KNOWN = {"History anchor 2^63-1", "History anchor 10^6, past the end"}
-
-
 @pytest.mark.parametrize("row", ACCEPTED, ids=[a.name for a in ACCEPTED])
 async def test_documented_defaults_are_accepted_and_write_nothing(
-    world: World, row: Accepted, request: pytest.FixtureRequest
+    world: World, row: Accepted
 ) -> None:
-    if world.served.kind == "scylla" and row.name in SCYLLA_KNOWN:
-        request.applymarker(SCYLLA_ANCHOR_PAST_THE_END)
     c = _ctx(world)
     before = await snapshot(world.served.backend, world.conversations)
     answer = await invoke(world.served.channel, row.rpc, row.build(c))
