@@ -629,7 +629,8 @@ class HistoryRequest(_message.Message):
     """The direction to walk in; unset means backward (newest first)."""
     anchor_seq: _builtins.int
     """Exclusive anchor sequence number; 0 starts from the newest (backward)
-    or the oldest (forward) message.
+    or the oldest (forward) message. At most 2^63-1; an anchor past the
+    newest message pages backward from the newest.
     """
     limit: _builtins.int
     """The most records to return, 1 to 200; 0 means 50."""
