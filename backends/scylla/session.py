@@ -49,7 +49,11 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.query import (
     BatchStatement,
     BatchType,
@@ -89,6 +93,9 @@ SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
 DRIVER_ERRORS = (DriverException, NoHostAvailable, ConnectionException, OSError)
 """What the driver raises: its own exceptions are not all DriverExceptions."""
 _DEADLINE_SLACK_S = 5.0  # the driver's own timeout fires first; this only bounds a lost callback
+
+RECONNECT_MAX_DELAY_S = 10.0
+"""Longest pause between reconnection attempts to a node that went away."""
 
 
 def consistency_level(name: str, allowed: Sequence[str]) -> int:
@@ -164,6 +171,9 @@ class CqlSession:
                 auth_provider=auth,
                 connect_timeout=request_timeout_s,
                 control_connection_timeout=request_timeout_s,
+                # The driver's default backs off to 10 minutes: after a whole-cluster
+                # outage a replica would stay NOT_SERVING that long once it is back.
+                reconnection_policy=ExponentialReconnectionPolicy(0.5, RECONNECT_MAX_DELAY_S),
             )
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"scylla: bad cluster settings ({type(exc).__name__})") from None
