@@ -8,5 +8,6 @@ Modules:
 * ``workloads``: the workloads and the requests they send;
 * ``driver``: the client processes that drive the server;
 * ``floors``: the gRPC floor (health Check) and the storage floor (store calls);
-* ``report``: statistics, the printed table, ratios, targets and the JSON file.
+* ``report``: statistics, the printed table, ratios and the JSON file;
+* ``targets``: the performance targets, pass or fail.
 """

@@ -27,15 +27,9 @@ from typing import Any
 
 from service.bench.driver import BenchError, ClientPool
 from service.bench.environment import BackendAddress, Environment, run_tag
-from service.bench.report import (
-    BackendReport,
-    backend_text,
-    check_targets,
-    machine,
-    targets_text,
-    to_json,
-)
+from service.bench.report import BackendReport, backend_text, machine, to_json
 from service.bench.runner import BackendBench, Progress
+from service.bench.targets import check_targets, targets_text
 from service.bench.workloads import Kind, Population
 
 BACKENDS = ("memory", "redis", "scylla")

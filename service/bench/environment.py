@@ -53,6 +53,7 @@ CASSANDRA_LAUNCHER = REPO / "deploy" / "cassandra" / "cassandra_node.py"
 HOUR_S = 3600.0
 UNLIMITED_RATE = 1_000_000.0
 SCRAPE_TIMEOUT_S = 5.0
+MAX_CLEANUP_ROUNDS = 100_000
 _REQUESTS_LINE = re.compile(
     r'^message_committer_backend_requests_total\{kind="([^"]+)"\}\s+([0-9.eE+-]+)\s*$'
 )
@@ -137,11 +138,17 @@ class Environment:
         self._redis: Any = None
         self._cassandra: Any = None
         self._keyspace = ""
+        self._used_given_redis = False
 
     # --- backend addresses -------------------------------------------------
 
+    @property
+    def redis_prefix(self) -> str:
+        return f"mcbench-{self._tag}"
+
     def redis_url(self) -> str:
         if self._given.redis_url:
+            self._used_given_redis = True
             return self._given.redis_url
         if self._redis is None:
             try:
@@ -189,7 +196,7 @@ class Environment:
             backend=backend,
             grpc_address="127.0.0.1:0",
             http_address="127.0.0.1:0",
-            redis_prefix=f"mcbench-{self._tag}",
+            redis_prefix=self.redis_prefix,
             readiness_interval=HOUR_S,
             recovery_interval=HOUR_S,
             sender_rate_per_s=UNLIMITED_RATE,
@@ -225,6 +232,11 @@ class Environment:
         notes = []
         if backend == "redis" and self._redis is not None:
             notes.append("throwaway redis-server: appendonly yes, appendfsync always")
+        if backend == "scylla" and self._given.scylla_contact_points:
+            notes.append(
+                "given keyspace: the bench's messages stay there (tenant bench-*) and reach"
+                " its outbox; use a keyspace of its own"
+            )
         if backend == "scylla" and self._cassandra is not None:
             notes.append(
                 "throwaway Cassandra node (deploy/cassandra): 1 node, RF 1, commitlog periodic"
@@ -261,7 +273,11 @@ class Environment:
         return target
 
     def close(self) -> None:
-        """Kill every server this environment started."""
+        """Delete this run's keys from a given Redis; kill every server started here."""
+        if self._given.redis_url and self._used_given_redis:
+            self._used_given_redis = False
+            with contextlib.suppress(Exception):  # best effort; never prints the address
+                _delete_prefix(self._given.redis_url, self.redis_prefix)
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 self._redis.close()
@@ -274,6 +290,22 @@ class Environment:
                 node.kill()
             if not node.is_running():
                 shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+def _delete_prefix(url: str, prefix: str) -> int:
+    """Delete every key under ``prefix:`` (bounded); returns how many."""
+    from redis import Redis
+
+    deleted = 0
+    with Redis.from_url(url, socket_timeout=5) as client:
+        cursor = 0
+        for _ in range(MAX_CLEANUP_ROUNDS):
+            cursor, found = client.scan(cursor, match=f"{prefix}:*", count=1000)
+            if found:
+                deleted += int(client.delete(*found))
+            if cursor == 0:
+                break
+    return deleted
 
 
 async def _migrate(host: str, port: int, keyspace: str) -> None:

@@ -78,8 +78,14 @@ def _check_document(document: dict[str, Any], backend: str) -> None:
         value = result["ratios"][key]
         assert value is not None, key
         _non_negative(value, key)
+    for key in ("service_over_grpc_floor", "replay_over_fresh", "hot_over_spread"):
+        value = result["cpu_ratios"][key]
+        assert value is not None, key
+        _non_negative(value, f"cpu_ratios.{key}")
     for target in document["targets"]:
-        assert {"name", "backend", "value", "bound", "comparison", "passed"} <= set(target)
+        assert {"name", "backend", "value", "bound", "comparison", "passed", "cpu_estimate"} <= set(
+            target
+        )
         assert target["passed"] in (True, False, None)
 
 
