@@ -21,6 +21,7 @@ idle, which is the same single process a replica has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from service.bench.driver import BenchError, PhaseResult, Tally, gc_seconds
 from service.bench.workloads import DEVICE, Population
 from service.domain.committer import MessageCommitter, new_message_id
+from service.domain.errors import StoreAlreadyExists
 from service.domain.limits import CommitLimits
 from service.domain.model import (
     AuthenticatedSend,
@@ -78,6 +80,17 @@ async def run_ops(
     tally.result.server_gc_s = gc_seconds() - gc_s
     tally.result.ended = time.time()
     return tally.result
+
+
+async def ensure_population(backend: Backend, population: Population) -> None:
+    """Create the run's conversations in ``backend`` directly (existing ones are kept)."""
+    p = population
+    wanted = [(p.hot, [p.hot_member(j) for j in range(p.hot_members)])]
+    for i in range(p.spread_conversations):
+        wanted.append((p.spread(i), [p.spread_member(i, j) for j in range(p.members)]))
+    for conversation, members in wanted:
+        with contextlib.suppress(StoreAlreadyExists):
+            await backend.membership.create_conversation(p.tenant, conversation, members)
 
 
 class StorageDriver:

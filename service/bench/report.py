@@ -69,6 +69,8 @@ class Phase:
     errors: dict[str, int]
     backend_requests: dict[str, int] | None
     cost_per_op: dict[str, float] | None
+    server_cpu_measured: bool
+    """False for an external server (--target): its CPU is not this process's."""
     server_cpu_us_per_op: float
     """CPU of the server process (in-process floors: of this process) per op."""
     client_cpu_us_per_op: float
@@ -76,7 +78,14 @@ class Phase:
     """Of the server CPU, the time in Python's cyclic garbage collector."""
 
     @classmethod
-    def build(cls, name: str, kind: str, description: str, rounds: Sequence[Round]) -> Phase:
+    def build(
+        cls,
+        name: str,
+        kind: str,
+        description: str,
+        rounds: Sequence[Round],
+        server_cpu_measured: bool = True,
+    ) -> Phase:
         result = PhaseResult.merge([r.result for r in rounds])
         ordered = sorted(result.latencies_us)
         latency = {label: percentile(ordered, pct) / 1000.0 for label, pct in PERCENTILES}
@@ -92,6 +101,7 @@ class Phase:
             cost = {k: (v / result.ok if result.ok else 0.0) for k, v in delta.items()}
         rates = [_rate(r.result) for r in rounds]
         per_op = 1e6 / result.ok if result.ok else 0.0
+        server_per_op = per_op if server_cpu_measured else 0.0
         return cls(
             name=name,
             kind=kind,
@@ -106,9 +116,10 @@ class Phase:
             errors=dict(result.errors),
             backend_requests=delta,
             cost_per_op=cost,
-            server_cpu_us_per_op=result.server_cpu_s * per_op,
+            server_cpu_measured=server_cpu_measured,
+            server_cpu_us_per_op=result.server_cpu_s * server_per_op,
             client_cpu_us_per_op=result.client_cpu_s * per_op,
-            server_gc_us_per_op=result.server_gc_s * per_op,
+            server_gc_us_per_op=result.server_gc_s * server_per_op,
         )
 
     @property
@@ -185,6 +196,8 @@ def cpu_ratio(a: Phase | None, b: Phase | None) -> float | None:
     """a/b throughput as estimated from CPU per op: cpu(b) / cpu(a)."""
     if a is None or b is None or not a.ok or not b.ok:
         return None
+    if not (a.server_cpu_measured and b.server_cpu_measured):
+        return None
     cost_a = a.server_cpu_us_per_op + a.client_cpu_us_per_op
     cost_b = b.server_cpu_us_per_op + b.client_cpu_us_per_op
     return cost_b / cost_a if cost_a > 0 else None
@@ -223,12 +236,15 @@ def phase_table(phases: Iterable[Phase]) -> list[str]:
         others = {k: v for k, v in p.expected.items() if k != "OK"}
         if others:
             errors += f" (expected: {_counts(others)})"
+        server = (
+            f"{p.server_cpu_us_per_op:>8.0f}{p.server_gc_us_per_op:>7.0f}"
+            if p.server_cpu_measured
+            else f"{'n/a':>8}{'n/a':>7}"
+        )
         lines.append(
             f"{p.name:<16}{p.calls:>9}{p.ops_per_s:>10.1f}{lat['p50']:>9.2f}{lat['p90']:>9.2f}"
-            f"{lat['p99']:>9.2f}{lat['p999']:>10.2f}{p.tail_ratio:>9.2f}"
-            f"{p.server_cpu_us_per_op:>8.0f}{p.server_gc_us_per_op:>7.0f}"
-            f"{p.client_cpu_us_per_op:>8.0f}  "
-            f"{_cost(p.cost_per_op):<34}{errors}"
+            f"{lat['p99']:>9.2f}{lat['p999']:>10.2f}{p.tail_ratio:>9.2f}{server}"
+            f"{p.client_cpu_us_per_op:>8.0f}  {_cost(p.cost_per_op):<34}{errors}"
         )
     return lines
 

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from service.bench.driver import BenchError, ClientPool, create_population
 from service.bench.environment import Target
-from service.bench.floors import StorageDriver, run_ops
+from service.bench.floors import StorageDriver, ensure_population, run_ops
 from service.bench.report import BackendReport, Phase, Round
 from service.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 from service.domain.limits import CommitLimits
@@ -154,6 +154,8 @@ class BackendBench:
         elif backend is None:
             self.report.notes.append("storage floor skipped: no backend address given")
         else:
+            if self.target.own_floor_backend:  # not the server's store: needs the conversations
+                await ensure_population(backend, self.population)
             driver = StorageDriver(backend, self.population, a.body_bytes, a.seed)
             committer = driver.committer_op(CommitLimits(sender_rate_per_s=0))
             floors = [
@@ -181,7 +183,10 @@ class BackendBench:
                 kind = Kind(name)
                 kind_name = "floor" if kind is Kind.GRPC_FLOOR else "workload"
                 text = DESCRIPTIONS[kind]
-            self.report.phases[name] = Phase.build(name, kind_name, text, measured)
+            in_here = self.target.server is not None or name in FLOOR_DESCRIPTIONS
+            self.report.phases[name] = Phase.build(name, kind_name, text, measured, in_here)
+        if self.target.server is None:
+            self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
             self.report.notes.append("cost per op unavailable: pass --metrics-url")
         if self.target.backend == "redis" and self.target.redis_url:
