@@ -56,7 +56,11 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
         from backends.redis import open_redis_backend
 
         return await open_redis_backend(
-            config.redis_url, prefix=config.redis_prefix, settings=settings, clock=clock
+            config.redis_url,
+            prefix=config.redis_prefix,
+            settings=settings,
+            clock=clock,
+            max_connections=config.redis_max_connections,
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend

@@ -68,6 +68,9 @@ class ServiceConfig:
     redis_prefix: str = "mc"
     """Prefix of every Redis key this service writes."""
 
+    redis_max_connections: int = 128
+    """Redis connections this replica may open; callers beyond it wait for a free one."""
+
     scylla_contact_points: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated CQL contact points (host names or IPs), required for scylla."""
 
@@ -365,7 +368,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "idempotency_window", "history_retention", "max_message_bytes", "recovery_interval",
         "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
-        "max_history_page_bytes", "sender_burst", "scylla_port",
+        "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:

@@ -39,7 +39,7 @@ async def open_redis_backend(
     identity_form: Literal["digest", "whole"] = "digest",
     socket_timeout_s: float = 2.0,
     connect_timeout_s: float = 1.0,
-    max_connections: int = 32,
+    max_connections: int = 128,
 ) -> Backend:
     """Connect, PING, check the layout version and load the scripts.
 
