@@ -23,9 +23,10 @@ being written; its TTL is never longer than a committed intent's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from backends.scylla.session import CqlSession, Row
 from service.domain.errors import (
@@ -79,6 +80,32 @@ class ScyllaMembershipStore(MembershipStore):
         self._cql = cql
         self._clock = clock
         self._reservation_ttl_s = max(1, min(RESERVATION_TTL_S, reservation_ttl_s))
+        self._allocating: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _one_allocation_at_a_time(
+        self, tenant: str, conversation: str
+    ) -> AsyncIterator[None]:
+        """Serialise this replica's seq allocations per conversation.
+
+        Replicas still race each other through the LWT, but a replica never
+        races itself: on a hot conversation, concurrent callers of one replica
+        would otherwise make every CAS but one fail and retry (measured: ~13
+        LWT per commit instead of 4, p99 in seconds). The lock is dropped when
+        no caller holds or waits for it.
+        """
+        key = (tenant, conversation)
+        lock, users = self._allocating.get(key, (asyncio.Lock(), 0))
+        self._allocating[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._allocating[key]
+            if users == 1:
+                del self._allocating[key]
+            else:
+                self._allocating[key] = (lock, users - 1)
 
     # --- reads -----------------------------------------------------------------
 
@@ -211,6 +238,12 @@ class ScyllaMembershipStore(MembershipStore):
         new one. ``stale_seq`` is the seq of this key's expired committed intent,
         whose reservation must not be reused. Raises StoreNotFound without a
         conversation."""
+        async with self._one_allocation_at_a_time(tenant, conversation):
+            return await self._allocate_seq(tenant, conversation, sender, cmid, stale_seq)
+
+    async def _allocate_seq(
+        self, tenant: str, conversation: str, sender: str, cmid: str, stale_seq: int | None
+    ) -> int:
         statics = await self._statics(tenant, conversation, serial=False)
         expected: int | None = None  # the reservation's current seq, if any
         deadline = time.monotonic() + CAS_BUDGET_S
