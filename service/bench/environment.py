@@ -41,7 +41,7 @@ from types import ModuleType
 from typing import Any
 
 from service.bench.driver import BenchError
-from service.bootstrap import build_server, open_backend
+from service.bootstrap import build_server, open_backend, tune_gc
 from service.config import ServiceConfig, StartupError
 from service.domain.ports import Backend
 from service.server import CommitServer
@@ -228,6 +228,7 @@ class Environment:
         except BaseException:
             await opened.close()
             raise
+        tune_gc()  # as `serve` does once it is up
         address = f"127.0.0.1:{server.grpc_port}"
         notes = []
         if backend == "redis" and self._redis is not None:
