@@ -56,6 +56,9 @@ class StatusInterceptor(aio.ServerInterceptor):
 
     def __init__(self, metrics: ServiceMetrics) -> None:
         self._metrics = metrics
+        # method -> (the servicer's handler, our wrapped one): grpc hands back the
+        # same registered handler for a method, so it is wrapped once, not per call.
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
         self,
@@ -65,7 +68,15 @@ class StatusInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        cached = self._wrapped.get(handler_call_details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped_handler = self._wrap(handler, handler_call_details.method)
+        self._wrapped[handler_call_details.method] = (handler, wrapped_handler)
+        return wrapped_handler
+
+    def _wrap(self, handler: Handler, full_method: str) -> Handler:
+        service, _, method = full_method.lstrip("/").partition("/")
         grpc_type, attribute, make = next(k for k in _KINDS if getattr(handler, k[1]) is not None)
         behavior = getattr(handler, attribute)
         rpc = _Rpc(grpc_type, service, method)
