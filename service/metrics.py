@@ -182,9 +182,13 @@ class InstrumentedStore(MessageStore):
     def __init__(self, inner: MessageStore, seconds: Histogram) -> None:
         self._inner = inner
         self._seconds = seconds
+        self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
 
     def _timer(self, operation: str) -> _Timer:
-        return _Timer(self._seconds.labels(operation))
+        child = self._children.get(operation)
+        if child is None:
+            child = self._children[operation] = self._seconds.labels(operation)
+        return _Timer(child)
 
     async def reserve(
         self,
