@@ -47,7 +47,7 @@ def _issue(folder: Path, name: str, cn: str, ext: str) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        pytest.fail("openssl is not installed: run scripts/setup.sh (make test does)")
     folder = tmp_path_factory.mktemp("pki")
     _openssl(*EC_KEY, "-x509", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=mc-test-ca",
@@ -90,7 +90,7 @@ async def test_mutual_tls_requires_a_client_certificate(
 
     probe = tool("grpc-health-probe")
     if probe is None:
-        pytest.skip("grpc-health-probe is not installed (scripts/install-tools.sh installs it)")
+        pytest.fail("grpc-health-probe is missing: run scripts/install-tools.sh (make test does)")
     result = await asyncio.to_thread(  # the server runs on this loop: do not block it
         subprocess.run,
         [probe, "-addr", target, "-tls", "-tls-ca-cert", pki.path("ca.pem"),

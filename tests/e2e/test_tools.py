@@ -34,7 +34,7 @@ def serve() -> Iterator[ServeProcess]:
 def _binary(name: str) -> str:
     found = tool(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (scripts/install-tools.sh installs it)")
+        pytest.fail(f"{name} is not installed: run scripts/install-tools.sh (make test does)")
     return found
 
 

@@ -69,7 +69,7 @@ def _buf() -> str | None:
 def test_buf_lint_standard_passes() -> None:
     buf = _buf()
     if buf is None:
-        pytest.skip("buf is not installed (scripts/install-tools.sh installs it)")
+        pytest.fail("buf is not installed: run scripts/install-tools.sh (make test does)")
     result = subprocess.run(
         [buf, "lint"], cwd=ROOT / "protos", capture_output=True, text=True, timeout=120, check=False
     )
