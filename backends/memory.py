@@ -167,24 +167,8 @@ class MemoryMessageStore(MessageStore, MembershipStore):
             return InProgress(existing.intent)
         conv = self._conversation(request.tenant, request.conversation)
         conv.last_seq += 1
-        record = MessageRecord(
-            tenant=request.tenant,
-            conversation=request.conversation,
-            seq=conv.last_seq,
-            message_id=candidate.message_id,
-            sender=request.sender,
-            device=request.device,
-            cmid=request.cmid,
-            content=request.content,
-            mentions=request.mentions,
-            reply_to=request.reply_to,
-            server_ts_ms=candidate.server_ts_ms,
-        )
-        identity = (
-            request.canonical_identity()
-            if self._whole_identity
-            else request.reserve_identity_digest()
-        )
+        record = request.record_at(conv.last_seq, candidate)
+        identity = request.stored_identity(self._whole_identity)
         intent = CommitIntent(
             key=request.key,
             identity=identity,

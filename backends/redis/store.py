@@ -44,7 +44,6 @@ from service.domain.model import (
     InProgress,
     LoadedCommit,
     Membership,
-    MessageRecord,
     OutboxPublication,
     ReserveCandidate,
     Reserved,
@@ -114,26 +113,10 @@ class RedisMessageStore(MessageStore, MembershipStore):
     ) -> ReserveResult:
         key, conv = request.key, request.conversation
         ck = self._keys.conversation(key.tenant, conv)
-        identity = (
-            request.canonical_identity()
-            if self._whole_identity
-            else request.reserve_identity_digest()
-        )
+        identity = request.stored_identity(self._whole_identity)
         now = self._now()
         # The record as history will hold it; the script allocates its seq.
-        record = MessageRecord(
-            tenant=key.tenant,
-            conversation=conv,
-            seq=0,
-            message_id=candidate.message_id,
-            sender=request.sender,
-            device=request.device,
-            cmid=request.cmid,
-            content=request.content,
-            mentions=request.mentions,
-            reply_to=request.reply_to,
-            server_ts_ms=candidate.server_ts_ms,
-        )
+        record = request.record_at(0, candidate)
         try:
             reply = await self._link.script(
                 scripts.RESERVE_SCRIPT,

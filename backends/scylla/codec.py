@@ -165,19 +165,7 @@ def new_intent(
     created_at_ms: int,
 ) -> CommitIntent:
     """The RESERVED intent a first reserve writes: the candidate's coordinates at ``seq``."""
-    record = MessageRecord(
-        tenant=request.tenant,
-        conversation=request.conversation,
-        seq=seq,
-        message_id=candidate.message_id,
-        sender=request.sender,
-        device=request.device,
-        cmid=request.cmid,
-        content=request.content,
-        mentions=request.mentions,
-        reply_to=request.reply_to,
-        server_ts_ms=candidate.server_ts_ms,
-    )
+    record = request.record_at(seq, candidate)
     return CommitIntent(
         key=request.key,
         identity=identity,

@@ -204,11 +204,7 @@ class ScyllaMessageStore(MessageStore):
                 key.tenant, request.conversation, key.sender, key.cmid,
                 stale.get("seq") if stale else None,
             )  # fmt: skip
-            identity = (
-                request.canonical_identity()
-                if self._whole_identity
-                else request.reserve_identity_digest()
-            )
+            identity = request.stored_identity(self._whole_identity)
             intent = new_intent(request, identity, delivery, candidate, seq, self._clock.now_ms())
             entry = entry_of(intent)
             await self._recovery.add(entry)

@@ -78,6 +78,27 @@ class AuthenticatedSend:
         """True when ``stored`` (either form) identifies this very send."""
         return identity.matches(self, stored)
 
+    def stored_identity(self, whole: bool = False) -> bytes:
+        """What a reserve persists: the digest, or the legacy whole form that
+        versions before the digest wrote (backends open with ``identity_form``)."""
+        return self.canonical_identity() if whole else self.reserve_identity_digest()
+
+    def record_at(self, seq: int, candidate: ReserveCandidate) -> MessageRecord:
+        """The canonical record of this send at ``seq`` with the candidate's coordinates."""
+        return MessageRecord(
+            tenant=self.tenant,
+            conversation=self.conversation,
+            seq=seq,
+            message_id=candidate.message_id,
+            sender=self.sender,
+            device=self.device,
+            cmid=self.cmid,
+            content=self.content,
+            mentions=self.mentions,
+            reply_to=self.reply_to,
+            server_ts_ms=candidate.server_ts_ms,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class FrozenDeliveryInput:
