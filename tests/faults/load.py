@@ -251,6 +251,18 @@ class LoadDriver:
                 )
             await asyncio.sleep(POLL_S)
 
+    async def wait_more_acks(
+        self, count: int, timeout_s: float, *, min_in_flight: int = 0, what: str = ""
+    ) -> None:
+        """Wait for ``count`` more ACKed keys than now, with at least
+        ``min_in_flight`` calls in flight at that moment (so a fault lands mid-load)."""
+        goal = self.log.acked_keys + count
+        await self.wait_until(
+            lambda: self.log.acked_keys >= goal and self.in_flight >= min_in_flight,
+            timeout_s,
+            what or f"{goal} ACKed keys",
+        )
+
     # --- faults ------------------------------------------------------------------
 
     def abandon(self, fraction: float = 0.5) -> set[CommitKey]:

@@ -87,13 +87,10 @@ async def _run(report: Report, node: Node, keyspace: str) -> None:
         await service.start()
         await create_conversations(service, tenant)
         async with LoadDriver(service.target, plan(tenant, workers=WORKERS)) as driver:
-
-            def busy(acked: int) -> Callable[[], bool]:
-                return lambda: driver.log.acked_keys >= acked and driver.in_flight >= MIN_IN_FLIGHT
-
             for what, fault in faults:
-                goal = driver.log.acked_keys + ACKS_PER_PHASE
-                await driver.wait_until(busy(goal), PHASE_TIMEOUT_S, f"{goal} ACKed keys")
+                await driver.wait_more_acks(
+                    ACKS_PER_PHASE, PHASE_TIMEOUT_S, min_in_flight=MIN_IN_FLIGHT
+                )
                 in_flight = driver.in_flight
                 downed = time.monotonic()
                 await asyncio.to_thread(fault)
@@ -112,9 +109,8 @@ async def _run(report: Report, node: Node, keyspace: str) -> None:
                 record.phases = {name: round(s, 2) for name, s in phases.items()}
                 report.faults.append(record)
 
-            goal = driver.log.acked_keys + ACKS_PER_PHASE
-            await driver.wait_until(
-                lambda: driver.log.acked_keys >= goal, PHASE_TIMEOUT_S, "ACKs after the restarts"
+            await driver.wait_more_acks(
+                ACKS_PER_PHASE, PHASE_TIMEOUT_S, what="ACKs after the restarts"
             )
             await driver.stop()
             report.seconds["load"] = round(time.monotonic() - began, 2)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -54,13 +53,10 @@ async def test_redis_kill_9_under_load_loses_no_acked_commit(
         await service.start()
         await create_conversations(service, tenant)
         async with LoadDriver(service.target, plan(tenant, workers=WORKERS)) as driver:
-
-            def busy(acked: int) -> Callable[[], bool]:
-                return lambda: driver.log.acked_keys >= acked and driver.in_flight >= MIN_IN_FLIGHT
-
             for cycle in range(1, RESTARTS + 1):
-                goal = driver.log.acked_keys + ACKS_PER_PHASE
-                await driver.wait_until(busy(goal), PHASE_TIMEOUT_S, f"{goal} ACKed keys")
+                await driver.wait_more_acks(
+                    ACKS_PER_PHASE, PHASE_TIMEOUT_S, min_in_flight=MIN_IN_FLIGHT
+                )
                 in_flight = driver.in_flight
                 killed = time.monotonic()
                 await asyncio.to_thread(redis.kill)
@@ -83,9 +79,8 @@ async def test_redis_kill_9_under_load_loses_no_acked_commit(
                 fault.phases = {name: round(s, 2) for name, s in phases.items()}
                 report.faults.append(fault)
 
-            goal = driver.log.acked_keys + ACKS_PER_PHASE
-            await driver.wait_until(
-                lambda: driver.log.acked_keys >= goal, PHASE_TIMEOUT_S, "ACKs after the restarts"
+            await driver.wait_more_acks(
+                ACKS_PER_PHASE, PHASE_TIMEOUT_S, what="ACKs after the restarts"
             )
             await driver.stop()
             report.seconds["load"] = round(time.monotonic() - began, 2)

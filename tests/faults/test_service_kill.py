@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -48,13 +47,10 @@ async def test_kill_9_of_the_service_under_load_loses_and_doubles_nothing(
         await service.start()
         await create_conversations(service, tenant)
         async with LoadDriver(service.target, plan(tenant, workers=WORKERS)) as driver:
-
-            def busy(acked: int) -> Callable[[], bool]:
-                return lambda: driver.log.acked_keys >= acked and driver.in_flight >= MIN_IN_FLIGHT
-
             for cycle in range(1, KILLS + 1):
-                goal = driver.log.acked_keys + ACKS_PER_PHASE
-                await driver.wait_until(busy(goal), PHASE_TIMEOUT_S, f"{goal} ACKed keys")
+                await driver.wait_more_acks(
+                    ACKS_PER_PHASE, PHASE_TIMEOUT_S, min_in_flight=MIN_IN_FLIGHT
+                )
                 in_flight = driver.in_flight
                 killed = time.monotonic()
                 service.kill()
@@ -66,9 +62,8 @@ async def test_kill_9_of_the_service_under_load_loses_and_doubles_nothing(
                 fault.down_s = round(time.monotonic() - killed, 2)
                 report.faults.append(fault)
 
-            goal = driver.log.acked_keys + ACKS_PER_PHASE
-            await driver.wait_until(
-                lambda: driver.log.acked_keys >= goal, PHASE_TIMEOUT_S, "ACKs after the restarts"
+            await driver.wait_more_acks(
+                ACKS_PER_PHASE, PHASE_TIMEOUT_S, what="ACKs after the restarts"
             )
             await driver.stop()
             report.seconds["load"] = round(time.monotonic() - began, 2)
