@@ -44,6 +44,7 @@ RUN python -m venv --without-pip /opt/venv \
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY backends ./backends
+COPY toolkit ./toolkit
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && pip --python /opt/venv/bin/python install --no-cache-dir --no-deps --no-index \
         /wheels/message_committer-*.whl

@@ -51,9 +51,9 @@ PROG = "message-committer"
 DELEGATED: dict[str, tuple[str, str]] = {
     "migrate": ("backends.scylla.migrate", "create or upgrade the Scylla schema"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
-    "bench": ("service.bench.cli", "run the commit benchmark against a backend"),
+    "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
     "fault-campaign": (
-        "service.testing.campaign_cli",
+        "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",
     ),
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from service.bench.cli import main
+from toolkit.bench.cli import main
 
 PHASES = (
     "fresh-serial",

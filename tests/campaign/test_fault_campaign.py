@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.testing.campaign_cli import main
+from toolkit.campaign.cli import main
 
 MEMORY_SEEDS = 300
 REDIS_SEEDS = 40

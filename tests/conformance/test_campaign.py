@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.memory import open_memory_backend
-from service.testing.campaign import run_scenario
 from tests.conformance.harness import Harness
+from toolkit.campaign.scenario import run_scenario
 
 SEEDS = [1, 2, 3, 5, 8, 13]
 

@@ -12,10 +12,10 @@ from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.ids import CommitKey
 from service.domain.model import AuthenticatedSend, Committed, InProgress
 from service.domain.ports import Backend, ManualClock
-from service.testing.faulty import CallFault, FaultyOutbox, FaultyStore
-from service.testing.invariants import Ledger, check_invariants
 from tests.conformance.harness import Harness
 from tests.support import NO_QUOTA, conversation, send, unique
+from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 # M-COMMIT-05 exists only on the two-step path; on atomic backends it never fires.
 POINTS = list(FaultPoint)

@@ -29,9 +29,9 @@ from service.domain.model import (
     MessageType,
 )
 from service.domain.ports import ManualClock, StoreSettings
-from service.testing.invariants import Ledger, check_invariants
 from tests.conformance.harness import Harness
 from tests.support import committer, conversation, send, text, unique
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 DAY = 86_400_000
 

@@ -20,9 +20,9 @@ from service.domain.model import (
     Reserved,
 )
 from service.domain.ports import ManualClock
-from service.testing.invariants import Ledger, check_invariants
 from tests.conformance.harness import Harness
 from tests.support import committer, conversation, referenced, send, text, unique
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 DELIVERY = FrozenDeliveryInput(("alice", "bob"), 1)
 

@@ -2,7 +2,7 @@
 
 ``start_server`` wires a replica through the real ``bootstrap.build_server``
 around a memory backend whose store and outbox are wrapped by
-``service.testing.faulty`` (so a test can make readiness, reserve or a read
+``toolkit.campaign.faulty`` (so a test can make readiness, reserve or a read
 fail on demand), starts it on 127.0.0.1:0 (gRPC) and 127.0.0.1:0 (HTTP), and
 hands back a real client. Everything started is stopped at the end.
 """
@@ -30,7 +30,7 @@ from service.config import ServiceConfig
 from service.domain.faults import FaultPoints
 from service.domain.ports import Backend
 from service.server import CommitServer
-from service.testing.faulty import CallFault, FaultyOutbox, FaultyStore
+from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, deadline_s=5.0)

@@ -18,7 +18,6 @@ from service.domain.faults import FaultPoint
 from service.domain.model import HistoryQuery
 from service.health import DETAIL_KEY
 from service.server import COMMITTER_SERVICE, MEMBERSHIP_SERVICE
-from service.testing.faulty import CallFault
 from tests.e2e.conftest import (
     Running,
     StartServer,
@@ -29,6 +28,7 @@ from tests.e2e.conftest import (
     reflection_info,
 )
 from tests.support import send, text
+from toolkit.campaign.faulty import CallFault
 
 pytestmark = pytest.mark.e2e
 

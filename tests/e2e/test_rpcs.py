@@ -36,9 +36,9 @@ from service.domain.model import (
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import committer_pb2_grpc, membership_pb2_grpc
 from service.gen.message_committer.v1 import membership_pb2 as mpb
-from service.testing.faulty import CallFault
 from tests.e2e.conftest import Running, StartServer
 from tests.support import send, text
+from toolkit.campaign.faulty import CallFault
 
 pytestmark = pytest.mark.e2e
 

@@ -45,7 +45,7 @@ from service.client import CommitClient, RetryPolicy
 from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
 from service.domain.model import AuthenticatedSend, CommittedMessage, MessageContent, MessageType
-from service.testing.invariants import Ledger
+from toolkit.campaign.invariants import Ledger
 
 # Status codes after which the same request may still be ACKed later.
 TRANSIENT_CODES = frozenset(
@@ -146,7 +146,7 @@ class LoadLog:
         return {key: k.definitive for key, k in self.keys.items() if k.definitive is not None}
 
     def ledger(self) -> Ledger:
-        """The ACKs as a ``service.testing.invariants.Ledger`` (readers not set)."""
+        """The ACKs as a ``toolkit.campaign.invariants.Ledger`` (readers not set)."""
         ledger = Ledger()
         for entry in self.keys.values():
             for ack in entry.acks:

@@ -31,9 +31,9 @@ from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
 from service.domain.model import CommitIntent
 from service.domain.ports import Backend
-from service.testing.invariants import check_invariants, check_recovered, read_history
 from tests.e2e.process import ServeProcess
 from tests.faults.load import CHANNEL_OPTIONS, LoadDriver, LoadLog, conversations_of
+from toolkit.campaign.invariants import check_invariants, check_recovered, read_history
 
 OpenBackend = Callable[[], AbstractAsyncContextManager[Backend]]
 

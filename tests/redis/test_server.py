@@ -17,10 +17,10 @@ from service.domain.errors import (
 )
 from service.domain.model import AuthenticatedSend, CommittedMessage, HistoryQuery
 from service.domain.ports import Backend
-from service.testing.invariants import Ledger, check_invariants, read_history
 from tests.redis.conftest import snapshot
 from tests.servers.redis_server import RedisHarness, RedisServer
 from tests.support import committer, conversation, send, text, unique
+from toolkit.campaign.invariants import Ledger, check_invariants, read_history
 
 pytestmark = pytest.mark.redis
 

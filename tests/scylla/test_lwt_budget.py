@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from service.testing.invariants import Ledger, check_invariants
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 pytestmark = pytest.mark.scylla
 

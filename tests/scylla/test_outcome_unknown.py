@@ -15,10 +15,10 @@ from backends.scylla.session import Row, Send
 from service.domain.errors import Recoverable, StoreOutcomeUnknown
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.model import CommitState, InProgress
-from service.testing.invariants import Ledger, check_invariants
 from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 pytestmark = pytest.mark.scylla
 

@@ -9,9 +9,9 @@ import pytest
 from backends.scylla.migrate import migrate
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.model import Direction, HistoryQuery, InProgress
-from service.testing.invariants import Ledger, check_invariants
 from tests.servers.cql_server import CqlServer, ScyllaHarness
 from tests.support import committer, conversation, send, unique
+from toolkit.campaign.invariants import Ledger, check_invariants
 
 pytestmark = [pytest.mark.scylla, pytest.mark.slow]
 

@@ -9,9 +9,9 @@ import pytest
 from service.domain.committer import MessageCommitter
 from service.domain.errors import Recoverable, Unavailable
 from service.domain.model import AuthenticatedSend, CommittedMessage
-from service.testing.invariants import Ledger, check_invariants, read_history
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, text, unique
+from toolkit.campaign.invariants import Ledger, check_invariants, read_history
 
 pytestmark = pytest.mark.scylla
 

@@ -35,11 +35,11 @@ from service.domain.faults import FaultPoint, FaultPoints
 from service.domain.ports import Backend
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2 as mpb
-from service.testing.faulty import CallFault, FaultyOutbox, FaultyStore
 from tests.e2e.conftest import BASE_CONFIG, eventually, health_check, http_get
 from tests.e2e.process import ServeProcess, run_cli
 from tests.security.conftest import Failure, invoke, unique_tenant
 from tests.servers.redis_server import RedisServer
+from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.limits import CommitLimits
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
 from service.domain.ports import Backend, ManualClock
-from service.testing.faulty import CallFault, FaultyOutbox, FaultyStore
-from service.testing.invariants import Ledger, check_invariants, check_recovered
+from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
+from toolkit.campaign.invariants import Ledger, check_invariants, check_recovered
 
 STORE_OPS = (
     "reserve",

@@ -14,12 +14,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from service.bench.driver import BenchError, ClientPool, create_population
-from service.bench.environment import Target
-from service.bench.floors import StorageDriver, ensure_population, run_ops
-from service.bench.report import BackendReport, Phase, Round
-from service.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 from service.domain.limits import CommitLimits
+from toolkit.bench.driver import BenchError, ClientPool, create_population
+from toolkit.bench.environment import Target
+from toolkit.bench.floors import StorageDriver, ensure_population, run_ops
+from toolkit.bench.report import BackendReport, Phase, Round
+from toolkit.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 
 MAX_CALLS = 5_000_000
 """Count bound of one phase when ``--requests`` is not given."""

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.bench.driver import BenchError, ClientPool
-from service.bench.environment import BackendAddress, Environment, run_tag
-from service.bench.report import BackendReport, backend_text, machine, to_json
-from service.bench.runner import BackendBench, Progress
-from service.bench.targets import check_targets, targets_text
-from service.bench.workloads import Kind, Population
+from toolkit.bench.driver import BenchError, ClientPool
+from toolkit.bench.environment import BackendAddress, Environment, run_tag
+from toolkit.bench.report import BackendReport, backend_text, machine, to_json
+from toolkit.bench.runner import BackendBench, Progress
+from toolkit.bench.targets import check_targets, targets_text
+from toolkit.bench.workloads import Kind, Population
 
 BACKENDS = ("memory", "redis", "scylla")
 ALL_WORKLOADS = [k.value for k in Kind if k is not Kind.GRPC_FLOOR]

@@ -26,8 +26,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from service.bench.driver import BenchError, PhaseResult, Tally, gc_seconds
-from service.bench.workloads import DEVICE, Population
 from service.domain.committer import MessageCommitter, new_message_id
 from service.domain.errors import StoreAlreadyExists
 from service.domain.limits import CommitLimits
@@ -41,6 +39,8 @@ from service.domain.model import (
     Reserved,
 )
 from service.domain.ports import Backend, SystemClock
+from toolkit.bench.driver import BenchError, PhaseResult, Tally, gc_seconds
+from toolkit.bench.workloads import DEVICE, Population
 
 Op = Callable[[], Awaitable[None]]
 REPLAY_POOL_CAP = 50_000

@@ -40,11 +40,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from service.bench.driver import BenchError
 from service.bootstrap import build_server, open_backend, tune_gc
 from service.config import ServiceConfig, StartupError
 from service.domain.ports import Backend
 from service.server import CommitServer
+from toolkit.bench.driver import BenchError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.bench.report import BackendReport, cpu_ratio, num, ratio
+from toolkit.bench.report import BackendReport, cpu_ratio, num, ratio
 
 
 @dataclass(frozen=True, slots=True)

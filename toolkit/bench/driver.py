@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from service.bench.workloads import (
+from toolkit.bench.workloads import (
     COMMIT,
     CREATE_CONVERSATION,
     HEALTH_CHECK,

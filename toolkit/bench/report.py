@@ -19,10 +19,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from service.bench.driver import PhaseResult
+from toolkit.bench.driver import PhaseResult
 
 if TYPE_CHECKING:
-    from service.bench.targets import TargetCheck
+    from toolkit.bench.targets import TargetCheck
 
 SCHEMA = "message-committer-bench/1"
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9))

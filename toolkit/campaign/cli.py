@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 from backends.memory import open_memory_backend
 from service.domain.ports import Backend
-from service.testing.campaign import run_scenario
+from toolkit.campaign.scenario import run_scenario
 
 Opener = Callable[[], Awaitable[Backend]]
 
