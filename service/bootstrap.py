@@ -21,9 +21,9 @@ import signal
 
 from service.config import ConfigError, ServiceConfig, StartupError
 from service.domain.committer import MessageCommitter
-from service.domain.errors import StoreSchemaError
+from service.domain.errors import StoreSchemaError, StoreUnavailable
 from service.domain.faults import FaultPoints
-from service.domain.ports import Backend, Clock, SystemClock
+from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
 from service.metrics import ServiceMetrics, instrument
 from service.server import CommitServer
 
@@ -56,12 +56,12 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
     if config.backend == "redis":
         from backends.redis import open_redis_backend
 
-        return await open_redis_backend(
+        return await open_redis_backend(  # Redis decides time itself (TIME)
             config.redis_url,
             prefix=config.redis_prefix,
             settings=settings,
-            clock=clock,
             max_connections=config.redis_max_connections,
+            allow_eviction=config.redis_allow_eviction,
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
@@ -75,9 +75,22 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             password=config.scylla_password or None,
             local_dc=config.scylla_local_dc or None,
             consistency=config.scylla_consistency,
-            serial_consistency=config.scylla_serial_consistency,
+            serial_consistency="LOCAL_SERIAL"
+            if config.scylla_single_dc_conversations
+            else "SERIAL",
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
+
+
+def replica_clock(config: ServiceConfig) -> Clock:
+    """This replica's clock: the system's, or a deliberately skewed one (tests only)."""
+    if config.test_clock_offset:
+        log.warning(
+            "MC_TEST_CLOCK_OFFSET is set: this replica's clock is %+.3fs off, for tests only",
+            config.test_clock_offset,
+        )
+        return OffsetClock(int(config.test_clock_offset * 1000))
+    return SystemClock()
 
 
 async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Backend:
@@ -93,6 +106,9 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
         raise ConfigError(
             f"{where} has no schema of this version: run `message-committer migrate` first"
         ) from None
+    except StoreUnavailable as exc:
+        hint = f": {exc.operator_hint}" if exc.operator_hint else ""
+        raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}{hint}") from None
     except Exception as exc:  # fail closed on anything, naming the type only
         raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}") from None
     try:
@@ -101,7 +117,9 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
             await backend.outbox.readiness()
     except Exception as exc:
         await backend.close()
-        raise BackendUnreachable(f"{where} does not answer: {type(exc).__name__}") from None
+        hint = getattr(exc, "operator_hint", "")
+        hint = f": {hint}" if hint else ""
+        raise BackendUnreachable(f"{where} does not answer: {type(exc).__name__}{hint}") from None
     if not backend.durable:
         log.warning(NOT_DURABLE_WARNING)
     log.info("backend %s opened (%d host(s))", name, hosts)
@@ -128,6 +146,7 @@ def build_server(
         faults=faults,
         clock=clock,
         observer=metrics,
+        recovery=config.recovery_policy(),
     )
     return CommitServer(config, backend, committer, store, metrics, clock)
 
@@ -152,8 +171,9 @@ def tune_gc() -> None:
 
 async def serve(config: ServiceConfig) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
-    backend = await open_backend(config)
-    server = build_server(config, backend)
+    clock = replica_clock(config)
+    backend = await open_backend(config, clock)
+    server = build_server(config, backend, clock=clock)
     try:
         await server.start()
     except BaseException:

@@ -31,7 +31,7 @@ from typing import Any
 
 from service import config as service_config
 from service.api.errors import RemoteError, rule_for
-from service.client import ClientTls, CommitClient, MembershipChange, RetryPolicy
+from service.client import ClientTls, CommitClient, MembershipChange, QueuedIntent, RetryPolicy
 from service.config import StartupError, parse_duration
 from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
@@ -49,7 +49,7 @@ from service.domain.model import (
 PROG = "message-committer"
 
 DELEGATED: dict[str, tuple[str, str]] = {
-    "migrate": ("backends.scylla.migrate", "create or upgrade the Scylla schema"),
+    "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
     "fault-campaign": (
@@ -134,6 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_argument("--grace", type=parse_duration, default=0.0, help="e.g. 30s (0: all)")
     recover.add_argument("--max-items", type=int, default=0, help="at most (0: 100)")
     recover.set_defaults(call=_recover)
+
+    quarantine = commands.add_parser(
+        "quarantine", help="list, inspect and retry quarantined intents (the recovery queue)"
+    )
+    q_actions = quarantine.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q_list = _client_parser(q_actions, "list", "list every quarantined intent", tenant=False)
+    q_list.add_argument("--page-size", type=int, default=0, help="items per page (0: 100)")
+    q_list.set_defaults(call=_quarantine_list)
+    for action, helptext, call in (
+        ("show", "show the recovery-queue entry of one key", _quarantine_show),
+        ("retry", "take one key out of quarantine and finish it now", _quarantine_retry),
+    ):
+        q = _client_parser(q_actions, action, helptext, tenant=False)
+        q.add_argument("--tenant", required=True)
+        q.add_argument("--sender", required=True)
+        q.add_argument("--cmid", required=True, help="the client_message_id of the key")
+        q.set_defaults(call=call)
 
     health = _client_parser(commands, "health", "ask the server's health service", tenant=False)
     health.add_argument("--service", default="", help="a service name ('' = the server)")
@@ -319,8 +336,32 @@ async def _recover(client: CommitClient, args: argparse.Namespace) -> dict[str, 
     older_than = 0
     if args.grace:
         older_than = int(datetime.now(UTC).timestamp() * 1000 - args.grace * 1000)
-    recovered = await client.recover_due(older_than, args.max_items)
-    return {"recovered": recovered}
+    report = await client.recover_due(older_than, args.max_items)
+    return {
+        "scanned": report.scanned,
+        "recovered": report.committed,
+        "failed": report.failed,
+        "quarantined": report.quarantined,
+    }
+
+
+async def _quarantine_list(client: CommitClient, args: argparse.Namespace) -> list[QueuedIntent]:
+    items: list[QueuedIntent] = []
+    token = ""
+    for _ in range(10_000):  # bounded: 10,000 pages
+        page, token = await client.list_quarantined(page_size=args.page_size, page_token=token)
+        items += page
+        if not token:
+            break
+    return items
+
+
+async def _quarantine_show(client: CommitClient, args: argparse.Namespace) -> QueuedIntent:
+    return await client.recovery_item(CommitKey(args.tenant, args.sender, args.cmid))
+
+
+async def _quarantine_retry(client: CommitClient, args: argparse.Namespace) -> CommittedMessage:
+    return await client.retry_quarantined(CommitKey(args.tenant, args.sender, args.cmid))
 
 
 async def _health(client: CommitClient, args: argparse.Namespace) -> dict[str, str]:
@@ -332,7 +373,7 @@ async def _health(client: CommitClient, args: argparse.Namespace) -> dict[str, s
 
 def _render(result: object, *, as_json: bool) -> str:
     if as_json:
-        data = asdict(result) if hasattr(result, "__dataclass_fields__") else result  # type: ignore[call-overload]
+        data = _plain(result)
         return json.dumps(data, default=_json_default, sort_keys=True)
     if isinstance(result, CommittedMessage):
         return (
@@ -349,7 +390,24 @@ def _render(result: object, *, as_json: bool) -> str:
         )
     if isinstance(result, dict):
         return "  ".join(f"{k}={_flat(v)}" for k, v in result.items())
+    if isinstance(result, QueuedIntent):
+        return _render_queued(result)
+    if isinstance(result, list):
+        if not result:
+            return "no quarantined intents"
+        return "\n".join(
+            _render_queued(i) if isinstance(i, QueuedIntent) else str(i) for i in result
+        )
     return str(result)
+
+
+def _render_queued(item: QueuedIntent) -> str:
+    where = "quarantined" if item.quarantined else "queued"
+    return (
+        f"{where:<11} {item.key} conversation={item.conversation} state={item.state}"
+        f" seq={item.seq or '-'} attempts={item.attempts} since={_time(item.created_at_ms)}"
+        f" problem={item.problem or '-'}"
+    )
 
 
 def _render_page(page: HistoryPage) -> str:
@@ -369,6 +427,14 @@ def _render_page(page: HistoryPage) -> str:
         kind = c.custom_type or c.message_type.value
         lines.append(f"  #{r.seq:<6} {_time(r.server_ts_ms)} {r.sender:<12} {kind:<8} {body}")
     return "\n".join(lines)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)  # type: ignore[call-overload]
+    return value
 
 
 def _flat(value: object) -> str:

@@ -27,10 +27,13 @@ from typing import Any
 
 from service.domain.limits import CommitLimits
 from service.domain.ports import StoreSettings
+from service.domain.recovery import RecoveryPolicy
 
 BACKENDS = ("memory", "redis", "scylla")
 _LIMITS = CommitLimits()
 _DURATION = {"kind": "duration"}
+_SIGNED_DURATION = {"kind": "signed_duration"}
+_BOOL = {"kind": "bool"}
 _SECRET = {"secret": True}
 _LIST = {"kind": "list"}
 
@@ -71,6 +74,11 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
+    redis_allow_eviction: bool = field(default=False, metadata=_BOOL)
+    """Serve even when Redis's maxmemory-policy is not noeviction. Evicting Redis
+    loses committed records and counters (a retried send then becomes a second
+    message); only for throwaway data. Logged loudly at start-up."""
+
     scylla_contact_points: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated CQL contact points (host names or IPs), required for scylla."""
 
@@ -92,8 +100,15 @@ class ServiceConfig:
     scylla_consistency: str = "LOCAL_QUORUM"
     """Consistency level of regular reads and writes."""
 
-    scylla_serial_consistency: str = "LOCAL_SERIAL"
-    """Serial consistency of conditional (LWT) writes."""
+    scylla_single_dc_conversations: bool = field(default=False, metadata=_BOOL)
+    """Use LOCAL_SERIAL for conditional writes instead of SERIAL. Only safe when every
+    write of a conversation (every send and every retry, also after a failover) comes
+    from one data centre: a send retried in another DC could get a second seq and a
+    second ACK. Saves the cross-DC round trips of each Paxos phase."""
+
+    scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
+    """Largest difference between this replica's clock and the cluster's that it
+    serves with; checked at start-up and by every readiness probe."""
 
     idempotency_window: float = field(default=7 * 86400.0, metadata=_DURATION)
     """How long a committed key replays its ACK (default 7d)."""
@@ -124,6 +139,16 @@ class ServiceConfig:
 
     recovery_batch: int = 100
     """Intents per recover_due call (at most 10 calls per run)."""
+
+    recovery_first_retry: float = field(default=10.0, metadata=_DURATION)
+    """Delay before an intent whose recovery failed is tried again; doubles each time."""
+
+    recovery_max_retry: float = field(default=3600.0, metadata=_DURATION)
+    """Longest delay between two recovery attempts of one intent."""
+
+    recovery_quarantine_after: int = 8
+    """Failed recovery attempts after which an intent is quarantined (kept, never
+    ACKed, listed by `message-committer quarantine list`)."""
 
     readiness_interval: float = field(default=5.0, metadata=_DURATION)
     """How often the backend is probed for readiness."""
@@ -161,6 +186,10 @@ class ServiceConfig:
     sender_burst: int = _LIMITS.sender_burst
     """Sends a sender may make at once before the rate applies."""
 
+    test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
+    """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to
+    show what a skewed host does. Never set it in production."""
+
     def limits(self) -> CommitLimits:
         return CommitLimits(
             max_inline_body_bytes=self.max_inline_body_bytes,
@@ -177,6 +206,13 @@ class ServiceConfig:
         return StoreSettings(
             idempotency_window_ms=int(self.idempotency_window * 1000),
             history_retention_ms=int(self.history_retention * 1000),
+        )
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        return RecoveryPolicy(
+            first_retry_ms=int(self.recovery_first_retry * 1000),
+            max_retry_ms=int(self.recovery_max_retry * 1000),
+            quarantine_after=self.recovery_quarantine_after,
         )
 
 
@@ -227,8 +263,10 @@ class Option:
             return "none"
         if isinstance(value, tuple):
             return ",".join(value)
-        if self.parse is parse_duration and isinstance(value, float):
+        if self.parse in (parse_duration, parse_signed_duration) and isinstance(value, float):
             return format_duration(value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
         return str(value)
 
 
@@ -264,8 +302,34 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
+def parse_signed_duration(text: str) -> float:
+    """``parse_duration`` with an optional leading ``-``."""
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        return -parse_duration(stripped[1:])
+    return parse_duration(stripped)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off), case-insensitive."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
 def format_duration(seconds: float) -> str:
     """The shortest exact spelling of ``seconds`` in the largest unit ("7d")."""
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds == 0:
+        return "0s"
     for unit in ("d", "h", "m", "s", "ms"):
         count = seconds / _UNITS[unit]
         if count >= 1 and count == int(count):
@@ -282,6 +346,8 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "int": int,
     "float": float,
     "duration": parse_duration,
+    "signed_duration": parse_signed_duration,
+    "bool": parse_bool,
     "list": _parse_list,
 }
 
@@ -290,6 +356,8 @@ _EXPECTED: dict[Callable[[str], object], str] = {
     int: "an integer",
     float: "a number",
     parse_duration: "a duration such as 250ms, 30s, 15m, 24h or 7d",
+    parse_signed_duration: "a duration such as 30s or -2d",
+    parse_bool: "true or false",
 }
 
 
@@ -369,10 +437,19 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
         "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
+        "recovery_first_retry", "recovery_max_retry", "recovery_quarantine_after",
+        "scylla_max_clock_skew",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"MC_{name.upper()} must be positive")
+    if config.history_retention < config.idempotency_window:
+        raise ConfigError(
+            "MC_HISTORY_RETENTION must be at least MC_IDEMPOTENCY_WINDOW: a replayed ACK"
+            " must point at a message history still holds"
+        )
+    if config.recovery_max_retry < config.recovery_first_retry:
+        raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
         "recovery_grace",

@@ -12,7 +12,9 @@ message_committer_rejections_total{reason}         the committer (CommitObserver
 message_committer_recovery_runs_total              the committer, per recover_due run
 message_committer_recovered_intents_total          the committer
 message_committer_recovery_failed_intents_total    the committer
-message_committer_oldest_recoverable_age_seconds   the readiness probe
+message_committer_recovery_quarantined_total       the committer, per intent quarantined
+message_committer_oldest_recoverable_age_seconds   the recovery loop (queue statistics)
+message_committer_quarantined_intents              the recovery loop (queue statistics)
 message_committer_backend_operation_seconds        InstrumentedStore, per store call
   {operation} (histogram)
 message_committer_backend_requests_total{kind}     Backend.requests, read at scrape time
@@ -42,10 +44,14 @@ from service.domain.model import (
     HistoryQuery,
     LoadedCommit,
     OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryReport,
+    RecoveryStats,
     ReserveCandidate,
     ReserveResult,
 )
-from service.domain.ports import MessageStore, StoredCommit
+from service.domain.ports import Hook, MessageStore, StoredCommit
 
 OUTCOMES = ("committed", "replayed", "conflict", "recoverable", "rejected")
 REJECTION_REASONS = ("invalid", "not_member", "quota", "no_conversation")
@@ -109,12 +115,22 @@ class ServiceMetrics:
         )
         self.recovery_failed_intents = Counter(
             "message_committer_recovery_failed_intents",
-            "Unfinished intents a recovery run could not finish (retried next run).",
+            "Recovery attempts that failed (the intent is retried later, with backoff).",
+            registry=r,
+        )
+        self.recovery_quarantined = Counter(
+            "message_committer_recovery_quarantined",
+            "Intents this replica quarantined (undecodable, or failed too often).",
             registry=r,
         )
         self.oldest_recoverable_age = Gauge(
             "message_committer_oldest_recoverable_age_seconds",
-            "Age of the oldest unfinished intent at the last probe; 0 when none.",
+            "Age of the oldest unfinished intent (queued or quarantined); 0 when none.",
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "message_committer_quarantined_intents",
+            "Intents in quarantine now: kept, never ACKed, waiting for an operator.",
             registry=r,
         )
         self.ready = Gauge(
@@ -144,10 +160,11 @@ class ServiceMetrics:
         if outcome == "rejected":
             self.rejections.labels(reason or "unknown").inc()
 
-    def recovered(self, count: int, failed: int) -> None:
+    def recovered(self, report: RecoveryReport) -> None:
         self.recovery_runs.inc()
-        self.recovered_intents.inc(count)
-        self.recovery_failed_intents.inc(failed)
+        self.recovered_intents.inc(report.committed)
+        self.recovery_failed_intents.inc(report.failed)
+        self.recovery_quarantined.inc(report.quarantined)
 
     # --- wiring --------------------------------------------------------------
 
@@ -183,6 +200,7 @@ class InstrumentedStore(MessageStore):
         self._inner = inner
         self._seconds = seconds
         self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
+        self.atomic_publish_commit = inner.atomic_publish_commit
 
     def _timer(self, operation: str) -> _Timer:
         child = self._children.get(operation)
@@ -214,10 +232,10 @@ class InstrumentedStore(MessageStore):
             return await self._inner.mark_committed(intent)
 
     async def mark_published_and_committed(
-        self, intent: CommitIntent, publication: OutboxPublication
+        self, intent: CommitIntent, publication: OutboxPublication, between: Hook | None = None
     ) -> CommittedMessage:
         with self._timer("mark_published_and_committed"):
-            return await self._inner.mark_published_and_committed(intent, publication)
+            return await self._inner.mark_published_and_committed(intent, publication, between)
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         with self._timer("load"):
@@ -233,9 +251,33 @@ class InstrumentedStore(MessageStore):
 
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
-    ) -> list[CommitIntent]:
+    ) -> list[RecoveryItem]:
         with self._timer("scan_recoverable_commits"):
             return await self._inner.scan_recoverable_commits(older_than_ms, max_items)
+
+    async def defer_recovery(
+        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
+    ) -> None:
+        with self._timer("defer_recovery"):
+            await self._inner.defer_recovery(
+                item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
+            )
+
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        with self._timer("quarantined"):
+            return await self._inner.quarantined(after, limit)
+
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
+        with self._timer("recovery_item"):
+            return await self._inner.recovery_item(key)
+
+    async def release_quarantined(self, key: CommitKey) -> bool:
+        with self._timer("release_quarantined"):
+            return await self._inner.release_quarantined(key)
+
+    async def recovery_stats(self) -> RecoveryStats:
+        with self._timer("recovery_stats"):
+            return await self._inner.recovery_stats()
 
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
         with self._timer("history_page"):
@@ -249,14 +291,9 @@ class InstrumentedStore(MessageStore):
         await self._inner.close()
 
 
-class _AtomicInstrumentedStore(InstrumentedStore):
-    atomic_publish_commit = True
-
-
 def instrument(store: MessageStore, metrics: ServiceMetrics) -> InstrumentedStore:
-    """Wrap ``store``, keeping whether its publish+commit step is atomic."""
-    cls = _AtomicInstrumentedStore if store.atomic_publish_commit else InstrumentedStore
-    return cls(store, metrics.backend_seconds)
+    """Wrap ``store`` so every call is timed."""
+    return InstrumentedStore(store, metrics.backend_seconds)
 
 
 class _Timer:

@@ -2,7 +2,7 @@
 
 ``CommitServer`` owns, for one process:
 
-* the grpc.aio server with the two v1 services, ``grpc.health.v1`` and
+* the grpc.aio server with the three v1 services, ``grpc.health.v1`` and
   server reflection, behind the one StatusInterceptor;
 * the readiness probe that drives health, and the recovery loop;
 * the HTTP side port (/metrics, /healthz, /readyz);
@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
 from service.api.interceptor import StatusInterceptor
+from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
 from service.config import ConfigError, ServiceConfig, read_file, split_address
 from service.domain.committer import MessageCommitter
@@ -35,6 +36,8 @@ from service.gen.message_committer.v1 import (
     committer_pb2_grpc,
     membership_pb2,
     membership_pb2_grpc,
+    recovery_pb2,
+    recovery_pb2_grpc,
 )
 from service.health import ReadinessHealthServicer, ReadinessProbe
 from service.httpside import HttpSide
@@ -47,8 +50,9 @@ COMMITTER_SERVICE = committer_pb2.DESCRIPTOR.services_by_name["MessageCommitterS
 MEMBERSHIP_SERVICE = membership_pb2.DESCRIPTOR.services_by_name[
     "ConversationMembershipService"
 ].full_name
+RECOVERY_SERVICE = recovery_pb2.DESCRIPTOR.services_by_name["RecoveryAdminService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE)
+SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE, RECOVERY_SERVICE)
 LOOP_STOP_TIMEOUT_S = 5.0
 
 
@@ -71,10 +75,8 @@ class CommitServer:
         self.health = ReadinessHealthServicer()
         self.probe = ReadinessProbe(
             committer,
-            store,
             self.health,
             metrics,
-            clock,
             backend=backend.name,
             durable=backend.durable,
             services=SERVICES,
@@ -83,6 +85,8 @@ class CommitServer:
         )
         self.recovery = RecoveryLoop(
             committer,
+            store,
+            metrics,
             clock,
             interval_s=config.recovery_interval,
             grace_s=config.recovery_grace,
@@ -90,9 +94,11 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[StatusInterceptor(metrics)],
+            interceptors=[StatusInterceptor(metrics, config.max_message_bytes)],
             options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
+                # The transport refuses only requests over twice the limit; between
+                # the two, the interceptor answers from the error table, with ErrorInfo.
+                ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use fails start-up, never shares
             ],
@@ -103,6 +109,9 @@ class CommitServer:
         )
         membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
             MembershipServicer(backend.membership), self._server
+        )
+        recovery_pb2_grpc.add_RecoveryAdminServiceServicer_to_server(
+            RecoveryAdminServicer(committer), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(

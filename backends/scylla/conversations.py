@@ -27,6 +27,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 
 from backends.scylla.session import CqlSession, Row
 from service.domain.errors import (
@@ -35,8 +36,19 @@ from service.domain.errors import (
     StoreOutcomeUnknown,
     StoreUnavailable,
 )
-from service.domain.model import MemberPage, Membership
+from service.domain.model import MemberPage
 from service.domain.ports import Clock, MembershipStore
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """Release 1's whole-membership read (being replaced by versioned membership)."""
+
+    tenant: str
+    conversation: str
+    members: frozenset[str]
+    version: int
+
 
 STATEMENTS = {
     "conv.statics": "SELECT version, last_seq FROM {ks}.conversations"

@@ -54,8 +54,9 @@ _KINDS: tuple[tuple[str, str, Callable[..., Handler]], ...] = (
 class StatusInterceptor(aio.ServerInterceptor):
     """Maps exceptions to statuses and records per-RPC metrics."""
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
+    def __init__(self, metrics: ServiceMetrics, max_request_bytes: int = 0) -> None:
         self._metrics = metrics
+        self._max_request_bytes = max_request_bytes
         # method -> (the servicer's handler, our wrapped one): grpc hands back the
         # same registered handler for a method, so it is wrapped once, not per call.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
@@ -87,7 +88,7 @@ class StatusInterceptor(aio.ServerInterceptor):
         )
         deserializer = handler.request_deserializer
         if not handler.request_streaming and deserializer is not None:
-            deserializer = _lenient(deserializer)
+            deserializer = _lenient(deserializer, self._max_request_bytes)
         return make(
             wrapped,
             request_deserializer=deserializer,
@@ -149,21 +150,29 @@ class StatusInterceptor(aio.ServerInterceptor):
         self._metrics.grpc_seconds.labels(*rpc.labels).observe(time.perf_counter() - start)
 
 
-class _Undecodable:
-    """Stands in for a request whose bytes are not a message of the method's type."""
+class _Refused:
+    """Stands in for a request that was not decoded: its bytes are not a message
+    of the method's type, or there are too many of them."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
-_UNDECODABLE = _Undecodable()
+_UNDECODABLE = _Refused(InvalidRequest("the request is not a valid message of this method's type"))
 
 
-def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """``deserializer``, except that bytes it cannot parse become ``_UNDECODABLE``.
+def _lenient(deserializer: Callable[[bytes], Any], max_bytes: int) -> Callable[[bytes], Any]:
+    """``deserializer``, except that bytes it cannot parse, or more than
+    ``max_bytes`` of them (0: no limit), become a ``_Refused``.
 
-    Left to grpc, a parse error is answered UNKNOWN with the parser's own text;
-    this way the handler wrapper answers it from the table, INVALID_ARGUMENT.
+    Left to grpc, a parse error is answered UNKNOWN with the parser's own text
+    and an oversized request RESOURCE_EXHAUSTED without details; this way the
+    handler wrapper answers both from the table, with ErrorInfo.
     """
 
     def deserialize(data: bytes) -> Any:
+        if max_bytes and len(data) > max_bytes:
+            return _Refused(errors.RequestTooLarge(f"the request is larger than {max_bytes} bytes"))
         try:
             return deserializer(data)
         except Exception:  # DecodeError, bad UTF-8 in a string field, ...
@@ -173,8 +182,8 @@ def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _check_decoded(request: Any) -> None:
-    if request is _UNDECODABLE:
-        raise InvalidRequest("the request is not a valid message of this method's type")
+    if isinstance(request, _Refused):
+        raise request.error
 
 
 def _status_for(exc: Exception, rpc: _Rpc) -> grpc.Status:

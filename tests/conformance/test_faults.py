@@ -110,7 +110,7 @@ async def test_recover_due_leaves_young_intents_and_honours_the_batch_size(
     assert [i.created_at_ms for i in scanned] == sorted(i.created_at_ms for i in scanned)
     total = 0
     for _ in range(5):
-        total += await c.recover_due(bound, 2)
+        total += (await c.recover_due(bound, 2)).committed
     assert total >= 5
     for req in reqs:
         assert isinstance(await backend.store.load_commit(req.key, "c1"), Committed)

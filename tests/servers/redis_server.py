@@ -11,12 +11,17 @@ Where the Redis comes from, in order:
 A missing ``redis-server`` fails the tests loudly; they are never skipped.
 
 Fixtures: ``redis_url`` (session), ``redis_harness`` (per test: a fresh
-key prefix, every key of it deleted afterwards) and ``own_redis_server``
-(per test: a private server the test may stop, restart or kill).
+key prefix, initialised, every key of it deleted afterwards) and
+``own_redis_server`` (per test: a private server the test may stop, restart
+or kill). A server this plugin starts has its default prefix ``mc``
+initialised, as an operator's ``migrate --backend redis`` would; the
+service never initialises a Redis itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import importlib
 import os
@@ -35,11 +40,14 @@ import pytest
 import redis
 from redis import Redis
 
-from backends.redis import open_redis_backend
+from backends.redis import open_link, open_redis_backend
+from backends.redis.deployment import initialise
+from backends.redis.keys import KeySpace
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
 ENV_URL = "MC_TEST_REDIS_URL"
+DEFAULT_PREFIX = "mc"
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 MAX_CLEANUP_ROUNDS = 10_000
@@ -207,6 +215,7 @@ def redis_url() -> Iterator[str]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
+    _initialise_now(server.url)
     try:
         yield server.url
     finally:
@@ -215,16 +224,40 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def own_redis_server() -> Iterator[RedisServer]:
-    """A private redis-server for one test, which may stop, restart or kill it."""
+    """A private redis-server for one test, which may stop, restart or kill it.
+    Its default prefix ``mc`` is initialised, as ``migrate --backend redis`` would."""
     try:
         server = RedisServer()
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
+    _initialise_now(server.url)
     try:
         yield server
     finally:
         server.close()
+
+
+def _initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
+    """``initialise_prefix`` from synchronous code, even with a loop running (a
+    synchronous fixture fetched by an async one): in a thread of its own."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, initialise_prefix(url, prefix)).result(timeout=60)
+
+
+async def initialise_prefix(url: str, prefix: str = "mc", shards: int = 8) -> None:
+    """``message-committer migrate --backend redis`` for ``prefix`` (idempotent)."""
+    link = open_link(url)
+    try:
+        await initialise(link, prefix, shards)
+    finally:
+        await link.close()
+
+
+async def open_initialised(url: str, prefix: str = "mc", **options: Any) -> Backend:
+    """A Redis backend on ``prefix``, initialised first if it never was."""
+    await initialise_prefix(url, prefix)
+    return await open_redis_backend(url, prefix=prefix, **options)
 
 
 class RedisHarness(Harness):
@@ -233,10 +266,23 @@ class RedisHarness(Harness):
     name = "redis"
     durable = True
 
-    def __init__(self, url: str, prefix: str | None = None) -> None:
+    def __init__(self, url: str, prefix: str | None = None, shards: int = 8) -> None:
         super().__init__()
         self.url = url
         self.prefix = prefix or f"mct-{uuid.uuid4().hex[:12]}"
+        self.shards = shards
+        self._initialised = False
+
+    @property
+    def keys(self) -> KeySpace:
+        """The key layout of this harness's deployment (its prefix and shards)."""
+        return KeySpace(self.prefix, self.shards)
+
+    async def initialise(self) -> None:
+        """``migrate --backend redis`` for this prefix (once), as an operator would."""
+        if not self._initialised:
+            await initialise_prefix(self.url, self.prefix, self.shards)
+            self._initialised = True
 
     async def _open(
         self,
@@ -245,10 +291,11 @@ class RedisHarness(Harness):
         settings: StoreSettings | None,
         identity_form: IdentityForm,
     ) -> Backend:
+        await self.initialise()
         return await open_redis_backend(
             self.url,
             prefix=self.prefix,
-            clock=clock,
+            test_clock=clock,
             settings=settings,
             identity_form=identity_form,
         )

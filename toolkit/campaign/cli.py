@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from backends.memory import open_memory_backend
-from service.domain.ports import Backend
-from toolkit.campaign.scenario import run_scenario
+from service.domain.ports import Backend, ManualClock
+from toolkit.campaign.scenario import BackendFaults, run_scenario
 
 Opener = Callable[[], Awaitable[Backend]]
 
@@ -52,23 +52,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _opener(args: argparse.Namespace) -> tuple[Opener, bool]:
-    """How to open the backend, and whether each seed gets a fresh one."""
+def _opener(args: argparse.Namespace, clock: ManualClock) -> tuple[Opener, bool]:
+    """How to open the backend (its time following ``clock``), and whether each
+    seed gets a fresh one."""
     if args.backend == "memory":
 
         async def memory() -> Backend:
-            return open_memory_backend()
+            return open_memory_backend(clock=clock)
 
         return memory, True
     if args.backend == "redis":
         if not args.redis_url:
             raise SystemExit("fault-campaign: --redis-url (or MC_REDIS_URL) is required")
-        from backends.redis import open_redis_backend
+        from backends.redis import open_link, open_redis_backend
+        from backends.redis.deployment import initialise
 
         prefix = f"mc-campaign-{uuid.uuid4().hex[:8]}"
 
         async def redis() -> Backend:
-            return await open_redis_backend(args.redis_url, prefix=prefix)
+            link = open_link(args.redis_url)
+            try:
+                await initialise(link, prefix, 8)
+            finally:
+                await link.close()
+            return await open_redis_backend(args.redis_url, prefix=prefix, test_clock=clock)
 
         return redis, False
     if not args.scylla_contact_points:
@@ -84,22 +91,35 @@ def _opener(args: argparse.Namespace) -> tuple[Opener, bool]:
             keyspace=args.scylla_keyspace,
             username=os.environ.get("MC_SCYLLA_USERNAME") or None,
             password=os.environ.get("MC_SCYLLA_PASSWORD") or None,
+            clock=clock,
         )
 
     return scylla, False
 
 
+def _backend_faults(args: argparse.Namespace, backend: Backend) -> BackendFaults | None:
+    if args.backend != "redis":
+        return None
+    from toolkit.campaign.redis_faults import RedisFaults
+
+    return RedisFaults(args.redis_url, backend)
+
+
 async def run_campaign(
-    open_backend: Opener, fresh_per_seed: bool, first: int, count: int, steps: int | None
+    args: argparse.Namespace, first: int, count: int, steps: int | None
 ) -> tuple[int, Counter[str], int]:
     """Run the seeds; return (violations, fired fault kinds, acks checked)."""
+    clock = ManualClock()
+    open_backend, fresh_per_seed = _opener(args, clock)
     violations, acks = 0, 0
     fired: Counter[str] = Counter()
     shared = None if fresh_per_seed else await open_backend()
     try:
         for seed in range(first, first + count):
             backend = shared or await open_backend()
-            result = await run_scenario(backend, seed, steps)
+            result = await run_scenario(
+                backend, seed, steps, clock=clock, faults=_backend_faults(args, backend)
+            )
             if backend is not shared:
                 await backend.close()
             fired.update(result.fired)
@@ -118,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         raise SystemExit("fault-campaign: --seeds must be at least 1")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
-    open_backend, fresh = _opener(args)
     started = time.monotonic()
     violations, fired, acks = asyncio.run(
-        run_campaign(open_backend, fresh, args.first_seed, args.seeds, args.steps)
+        run_campaign(args, args.first_seed, args.seeds, args.steps)
     )
     elapsed = time.monotonic() - started
     print(
