@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import events
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -62,6 +63,7 @@ from cassandra.query import (
     dict_factory,
 )
 
+from backends.scylla.reactor import loop_connection_class
 from service.domain.errors import (
     StoreError,
     StoreInvalid,
@@ -92,7 +94,6 @@ CONSISTENCY_LEVELS = (
 SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
 DRIVER_ERRORS = (DriverException, NoHostAvailable, ConnectionException, OSError)
 """What the driver raises: its own exceptions are not all DriverExceptions."""
-_DEADLINE_SLACK_S = 5.0  # the driver's own timeout fires first; this only bounds a lost callback
 
 RECONNECT_MAX_DELAY_S = 10.0
 """Longest pause between reconnection attempts to a node that went away."""
@@ -174,6 +175,7 @@ class CqlSession:
                 # The driver's default backs off to 10 minutes: after a whole-cluster
                 # outage a replica would stay NOT_SERVING that long once it is back.
                 reconnection_policy=ExponentialReconnectionPolicy(0.5, RECONNECT_MAX_DELAY_S),
+                connection_class=loop_connection_class(asyncio.get_running_loop()),
             )
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"scylla: bad cluster settings ({type(exc).__name__})") from None
@@ -254,18 +256,29 @@ class CqlSession:
         applied (a timeout during Paxos, a lost connection): the caller must
         re-read at serial consistency before deciding.
         """
+        return (await self.cas_rows(name, params))[0]
+
+    async def cas_rows(self, name: str, params: Params) -> tuple[bool, list[Row]]:
+        """``cas``, with the rows the server returned: on a refusal, the current
+        values of the columns the condition tested (ScyllaDB and Cassandra differ
+        in what else they return, so callers treat them as hints only)."""
         self.requests["lwt"] += 1
         rows = await self._run(name, self._prepared[name].bind(params), "cas")
-        return _applied(rows)
+        return _applied(rows), rows
 
     async def cas_batch(self, items: Sequence[tuple[str, Params]]) -> bool:
         """A conditional batch on one partition; True when applied (see ``cas``)."""
+        return (await self.cas_batch_rows(items))[0]
+
+    async def cas_batch_rows(self, items: Sequence[tuple[str, Params]]) -> tuple[bool, list[Row]]:
+        """``cas_batch``, with the rows the server returned (see ``cas_rows``)."""
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        prepared = self._prepared
         for name, params in items:
-            batch.add(self._prepared[name], params)
+            batch.add(prepared[name], params)
         self.requests["lwt"] += 1
         rows = await self._run(f"batch:{items[0][0]}", batch, "cas")
-        return _applied(rows)
+        return _applied(rows), rows
 
     async def simple(
         self, cql: str, params: Params = (), *, timeout_s: float | None = None, raw: bool = False
@@ -287,39 +300,52 @@ class CqlSession:
     async def _run(self, name: str, statement: Any, mode: Mode) -> list[Row]:
         if self._closed:
             raise StoreUnavailable("scylla: the backend is closed")
-
-        async def send() -> list[Row]:
-            return await self._send(statement, None, self._timeout)
-
         try:
-            if self.interceptor is not None:
-                return await self.interceptor(name, send)
-            return await send()
+            if self.interceptor is None:
+                return await self._send(statement, None, self._timeout)
+            return await self.interceptor(name, lambda: self._send(statement, None, self._timeout))
         except DRIVER_ERRORS as exc:
             raise _translate(exc, mode) from None
 
-    async def _send(self, statement: Any, params: Params | None, limit_s: float) -> list[Row]:
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[list[Row]] = loop.create_future()
-
-        def settle(ok: bool, value: Any) -> None:
-            if result.done():
-                return
-            if ok:
-                result.set_result(list(value or ()))
-            else:
-                result.set_exception(value)
-
-        def post(ok: bool, value: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(settle, ok, value)
-
+    def _send(
+        self, statement: Any, params: Params | None, limit_s: float
+    ) -> asyncio.Future[list[Row]]:
+        """The driver's request as an asyncio future. Its callbacks run on this loop
+        (``reactor.py``), so they resolve the future directly; the driver's own
+        timer (``limit_s``) fails it with OperationTimedOut."""
+        result: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
         future = self._session.execute_async(statement, params, timeout=limit_s)
-        future.add_callbacks(lambda rows: post(True, rows), lambda exc: post(False, exc))
-        try:
-            return await asyncio.wait_for(result, limit_s + _DEADLINE_SLACK_S)
-        except TimeoutError:
-            raise OperationTimedOut("no answer from the driver") from None
+        future.add_callbacks(_resolve, _fail, callback_args=(result,), errback_args=(result,))
+        return result
+
+
+def _resolve(rows: Any, result: asyncio.Future[list[Row]]) -> None:
+    if events._get_running_loop() is result.get_loop():
+        if not result.done():
+            result.set_result(rows or [])
+        return
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+        result.get_loop().call_soon_threadsafe(_settle, result, rows or [], None)
+
+
+def _fail(exc: BaseException, result: asyncio.Future[list[Row]]) -> None:
+    if events._get_running_loop() is result.get_loop():
+        if not result.done():
+            result.set_exception(exc)
+        return
+    with contextlib.suppress(RuntimeError):
+        result.get_loop().call_soon_threadsafe(_settle, result, None, exc)
+
+
+def _settle(
+    result: asyncio.Future[list[Row]], rows: list[Row] | None, exc: BaseException | None
+) -> None:
+    if result.done():
+        return
+    if exc is not None:
+        result.set_exception(exc)
+    else:
+        result.set_result(rows or [])
 
 
 def _applied(rows: list[Row]) -> bool:
