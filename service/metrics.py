@@ -237,6 +237,10 @@ class InstrumentedStore(MessageStore):
         with self._timer("mark_published_and_committed"):
             return await self._inner.mark_published_and_committed(intent, publication, between)
 
+    async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        with self._timer("before_admission"):
+            return await self._inner.before_admission(request)
+
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         with self._timer("load"):
             return await self._inner._load(key)

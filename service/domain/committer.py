@@ -135,6 +135,9 @@ class MessageCommitter:
     ) -> CommittedMessage:
         """Commit ``request`` with a caller-frozen delivery and candidate."""
         self._validate(request)
+        known = await self._before_admission(request)
+        if known is not None:
+            return await self._settle(request, known)
         admission = await self._admit(request)
         return await self._commit(request, delivery, candidate, admission)
 
@@ -143,6 +146,9 @@ class MessageCommitter:
         the delivery is frozen at come from one point lookup, the candidate is
         made here."""
         self._validate(request)
+        known = await self._before_admission(request)
+        if known is not None:  # a replay, a conflict or an unfinished intent: no admission
+            return await self._settle(request, known)
         admission = await self._admit(request)
         now = self._clock.now_ms()
         candidate = ReserveCandidate(new_message_id(now), now)
@@ -202,16 +208,27 @@ class MessageCommitter:
     ) -> CommittedMessage:
         """A refused fresh send may still be a retry of an earlier, admitted one."""
         loaded = await self._load(request.key, request.conversation, request)
+        if loaded is not None:
+            return await self._settle(request, loaded)
+        self._observer.outcome("rejected", reason)
+        raise error
+
+    async def _settle(self, request: AuthenticatedSend, loaded: LoadedCommit) -> CommittedMessage:
+        """Answer a send whose key already has a durable state."""
         if isinstance(loaded, Committed):
             self._observer.outcome("replayed")
             return loaded.message
         if isinstance(loaded, InProgress):
             return await self._drive(loaded.intent)
-        if isinstance(loaded, Conflict):  # the key is another message's: that is the truth
-            self._observer.outcome("conflict")
-            raise IdempotencyConflict(request.key)
-        self._observer.outcome("rejected", reason)
-        raise error
+        self._observer.outcome("conflict")  # the key is another message's: that is the truth
+        raise IdempotencyConflict(request.key)
+
+    async def _before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        """What the store already knows of this key before admission (usually nothing)."""
+        try:
+            return await self._store.before_admission(request)
+        except StoreError as exc:
+            raise self._recoverable(request.key, request.conversation, "re-read", exc) from exc
 
     # --- the state machine -------------------------------------------------
 

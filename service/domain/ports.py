@@ -174,6 +174,14 @@ class MessageStore(abc.ABC):
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         """Read whatever is stored for ``key`` (expired committed records: None)."""
 
+    async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        """The key's state for ``request`` when the backend reads it before reserve
+        anyway; the committer then answers a replay, a conflict or an unfinished
+        intent without the admission lookup (a committed key replays for a removed
+        member too, DESIGN §5). None: nothing known here, ask ``reserve`` (the
+        default: backends whose reserve decides in one step need nothing else)."""
+        return None
+
     async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
         """The key's state within ``conversation``; a key of another
         conversation reads as absent."""

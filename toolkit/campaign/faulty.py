@@ -136,6 +136,12 @@ class FaultyStore(MessageStore):
         self._check_poison(intent.key)
         return await self.faults.call("mark_committed", lambda: self.inner.mark_committed(intent))
 
+    async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        self._check_poison(request.key)
+        return await self.faults.call(
+            "before_admission", lambda: self.inner.before_admission(request)
+        )
+
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         raise NotImplementedError  # loads delegate whole, below
 
