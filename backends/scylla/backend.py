@@ -131,11 +131,12 @@ async def open_scylla_backend(
         await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
 
     commit_ttl_s = ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
-    membership = ScyllaMembershipStore(cql, clock)
+    # A seq reservation must never outlive a committed intent (see sequence).
+    seqs = SeqAllocator(cql, reservation_ttl_s=commit_ttl_s)
+    membership = ScyllaMembershipStore(cql, clock, seen=seqs.observe)
     message_store = ScyllaMessageStore(
         cql,
-        # A seq reservation must never outlive a committed intent (see sequence).
-        SeqAllocator(cql, reservation_ttl_s=commit_ttl_s),
+        seqs,
         History(cql, membership, clock, settings.history_retention_ms),
         RecoveryIndex(cql, namespace),
         settings,

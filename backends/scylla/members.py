@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from backends.scylla.session import CqlSession, Params, Row
@@ -131,10 +131,15 @@ def intervals_of(row: Row, floor: int) -> rules.Intervals:
         raise StoreCorrupt("stored membership intervals cannot be decoded") from None
 
 
+StaticsSeen = Callable[[str, str, int], None]
+"""Told each conversation's ``last_seq`` an admission read saw (the seq allocator's hint)."""
+
+
 class ScyllaMembershipStore(MembershipStore):
-    def __init__(self, cql: CqlSession, clock: Clock) -> None:
+    def __init__(self, cql: CqlSession, clock: Clock, seen: StaticsSeen | None = None) -> None:
         self._cql = cql
         self._clock = clock
+        self._seen = seen
 
     # --- reads -------------------------------------------------------------------
 
@@ -154,6 +159,8 @@ class ScyllaMembershipStore(MembershipStore):
         found = statics_of(rows[0]) if rows else None
         if found is None:
             return False, await self.statics(tenant, conversation)
+        if self._seen is not None:
+            self._seen(tenant, conversation, found.last_seq)
         row = rows[0]
         if row.get("kind") != "m" or row.get("name") != user:
             return False, found

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
@@ -60,6 +62,7 @@ from backends.scylla.codec import (
     state_of,
 )
 from backends.scylla.history import BATCHED_RECORD_BYTES, History, pin_removal, pin_write
+from backends.scylla.known import Known, KnownIntents
 from backends.scylla.recovery import Entry, RecoveryIndex, quarantine_token
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, Params
@@ -83,6 +86,7 @@ from service.domain.model import (
     HistoryPage,
     HistoryQuery,
     InProgress,
+    LoadedCommit,
     MessageRecord,
     OutboxPublication,
     QuarantinePage,
@@ -127,7 +131,7 @@ STATEMENTS = {
     "c.commit": "UPDATE {ks}.commits USING TTL ? SET state = 'committed', identity = ?,"
     " conversation = ?, seq = ?, message_id = ?, server_ts_ms = ?, pub_stream = ?,"
     f" pub_position = ?, expires_at_ms = ?, membership_version = null, {_DROP_BODY}"
-    f" {_KEY} IF state = 'outboxed' AND message_id = ?",
+    f" {_KEY} IF state = 'outboxed' AND message_id = ? AND pub_stream = ? AND pub_position = ?",
     "c.defer": "UPDATE {ks}.commits SET rq_attempts = ?, rq_problem = ?, rq_due_ms = ?,"
     f" rq_quarantined = ? {_KEY} IF created_at_ms = ?",
     "c.release": "UPDATE {ks}.commits SET rq_attempts = 0, rq_due_ms = ?, rq_quarantined = false"
@@ -140,6 +144,9 @@ ABSENT_ENTRY_GRACE_MS = 10 * 60_000
 JUDGE_CONCURRENCY = 32
 MAX_QUARANTINE_PAGES = 100
 PROBLEM_CHARS = 200
+PEEK_S = 2.0
+"""How long the row ``before_admission`` read stands in for reserve's own read."""
+PEEKS = 10_000
 
 
 def _key_of(key: CommitKey) -> tuple[str, str, str]:
@@ -170,6 +177,8 @@ class ScyllaMessageStore(MessageStore):
         self._whole_identity = identity_form == "whole"
         self._readiness = readiness
         self.commit_ttl_s = commit_ttl_s
+        self._known = KnownIntents()
+        self._peeked: OrderedDict[CommitKey, tuple[float, Row | None]] = OrderedDict()
 
     @property
     def cql(self) -> CqlSession:
@@ -198,9 +207,16 @@ class ScyllaMessageStore(MessageStore):
         """The intent of a live, unfinished row; RECORDED once history holds its record."""
         state = state_of(row)
         intent = intent_from_row(key, row, state)
-        if state is CommitState.RESERVED and await self._recorded(intent.record):
-            intent = intent.advanced(CommitState.RECORDED)
+        recorded = state is not CommitState.RESERVED
+        if not recorded and await self._recorded(intent.record):
+            intent, recorded = intent.advanced(CommitState.RECORDED), True
+        self._remember(intent, row, recorded=recorded)
         return intent
+
+    def _remember(self, intent: CommitIntent, row: Row | None, *, recorded: bool) -> Known:
+        due = row.get("rq_due_ms") if row else None
+        quarantined = bool(row.get("rq_quarantined")) if row else False
+        return self._known.remember(intent, recorded=recorded, due_ms=due, quarantined=quarantined)
 
     async def _recorded(self, record: MessageRecord) -> bool:
         return await self._history.get(record) == record
@@ -215,7 +231,7 @@ class ScyllaMessageStore(MessageStore):
             return StoredCommit(identity, conversation, None, committed_from_row(key, row))
         return StoredCommit(identity, conversation, await self._unfinished(key, row), None)
 
-    async def _existing(self, request: AuthenticatedSend, row: Row) -> ReserveResult:
+    async def _existing(self, request: AuthenticatedSend, row: Row) -> LoadedCommit:
         if not request.matches_identity(row.get("identity") or b""):
             return Conflict(request.key)
         if state_of(row) is CommitState.COMMITTED:
@@ -224,6 +240,23 @@ class ScyllaMessageStore(MessageStore):
 
     # --- reserve -------------------------------------------------------------------
 
+    async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        """Reserve's first read, done before admission: a committed, unfinished or
+        conflicting key is answered from it (a replay costs this one read); for a
+        fresh key, reserve uses the row instead of reading it again."""
+        row = await self._row(request.key)
+        self._peeked[request.key] = (time.monotonic(), row)
+        if len(self._peeked) > PEEKS:
+            self._peeked.popitem(last=False)
+        live = self._live(row)
+        return None if live is None else await self._existing(request, live)
+
+    async def _first_read(self, key: CommitKey) -> Row | None:
+        peeked = self._peeked.pop(key, None)
+        if peeked is not None and time.monotonic() - peeked[0] < PEEK_S:
+            return peeked[1]  # a stale "absent" only makes the intent's LWT refuse
+        return await self._row(key)
+
     async def reserve(
         self,
         request: AuthenticatedSend,
@@ -231,7 +264,7 @@ class ScyllaMessageStore(MessageStore):
         candidate: ReserveCandidate,
     ) -> ReserveResult:
         key = request.key
-        row = await self._row(key)
+        row = await self._first_read(key)
         for _ in range(MAX_RESERVE_ROUNDS):
             if (live := self._live(row)) is not None:
                 return await self._existing(request, live)
@@ -244,9 +277,11 @@ class ScyllaMessageStore(MessageStore):
             intent = new_intent(request, identity, delivery, candidate, seq, self._clock.now_ms())
             await self._cql.write_batch(self._indexed(intent))
             if await self._write_intent(intent, stale):
+                self._remember(intent, None, recorded=False)
                 return Reserved(intent)
             row = await self._row(key, serial=True)
             if row is not None and _same_coordinates(row, intent.record):
+                self._remember(intent, None, recorded=False)
                 return Reserved(intent)  # our write applied after all
             if row is not None and row.get("created_at_ms") != intent.created_at_ms:
                 # Another intent holds the key: our entries are stale (a scan would
@@ -327,44 +362,60 @@ class ScyllaMessageStore(MessageStore):
         return row, stored
 
     async def put_record(self, intent: CommitIntent) -> None:
-        _, stored = await self._stored(intent)
-        if stored is None or stored.state is not CommitState.RESERVED:
-            return  # committed or past RECORDED: the record is there (retry-safe)
-        await self._history.put(stored.record, stored.created_at_ms)
+        known = self._known.get(intent)
+        if known is None:  # not known here: read it, and refuse a forged or stale one
+            row, stored = await self._stored(intent)
+            if stored is None or stored.state is not CommitState.RESERVED:
+                return  # committed or past RECORDED: the record is there (retry-safe)
+            known = self._remember(stored, row, recorded=False)
+        # Known to be the stored intent: writing its record again is harmless at any
+        # later state (the same values, with a timestamp older than the commit's).
+        await self._history.put(known.intent.record, known.intent.created_at_ms)
+        known.recorded = True
 
     async def mark_outbox_published(
         self, intent: CommitIntent, publication: OutboxPublication
     ) -> None:
-        row, stored = await self._stored(intent)
-        if _has_publication(row, publication):
-            return
-        assert stored is not None  # a committed row always has its publication
-        if not await self._recorded(stored.record):
-            raise StoreConflict("the record is not written yet")
-        k = intent.key
+        known = self._known.get(intent)
+        if known is None or not known.recorded:
+            row, stored = await self._stored(intent)
+            if _has_publication(row, publication):
+                return
+            assert stored is not None  # a committed row always has its publication
+            if not await self._recorded(stored.record):
+                raise StoreConflict("the record is not written yet")
+            known = self._remember(stored, row, recorded=True)
+        k, message_id = intent.key, known.intent.record.message_id
         try:
             applied = await self._cql.cas(
-                "c.outboxed",
-                (publication.stream, publication.position, *_key_of(k), stored.record.message_id),
+                "c.outboxed", (publication.stream, publication.position, *_key_of(k), message_id)
             )
         except StoreOutcomeUnknown:
             applied = False
         if applied:
+            self._known.published(known, publication)
             return
         after = self._live(await self._row(k, serial=True))
-        if after is None or after.get("message_id") != stored.record.message_id:
+        if after is None or after.get("message_id") != message_id:
             raise StoreConflict("no intent for this key")
         if not _has_publication(after, publication):
             raise StoreOutcomeUnknown("scylla: the publish-mark did not apply")
+        self._known.published(known, publication)
 
     async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
-        row, stored = await self._stored(intent)
-        if stored is None:  # committed already: make sure its bookkeeping was written
-            expires = int(row.get("expires_at_ms") or 0)
-            await self._finish(intent, expires - self._settings.idempotency_window_ms, row)
-            return committed_from_row(intent.key, row)
-        publication = publication_of(row)
-        if stored.state is not CommitState.OUTBOXED or publication is None:
+        known = self._known.get(intent)
+        if known is None:
+            row, stored = await self._stored(intent)
+            if stored is None:  # committed already: make sure its bookkeeping was written
+                expires = int(row.get("expires_at_ms") or 0)
+                await self._finish(intent, expires - self._settings.idempotency_window_ms, None)
+                return committed_from_row(intent.key, row)
+            if stored.state is not CommitState.OUTBOXED or publication_of(row) is None:
+                raise StoreConflict("record and publication must both be recorded first")
+            known = self._remember(stored, row, recorded=True)
+        stored = known.intent
+        publication = intent.publication or stored.publication
+        if publication is None:
             raise StoreConflict("record and publication must both be recorded first")
         now = self._clock.now_ms()
         r, k = stored.record, intent.key
@@ -383,25 +434,40 @@ class ScyllaMessageStore(MessageStore):
                     now + self._settings.idempotency_window_ms,
                     *_key_of(k),
                     r.message_id,
+                    publication.stream,
+                    publication.position,
                 ),
             )
         except StoreOutcomeUnknown:
             applied = False
         if not applied:
-            after = self._live(await self._row(k, serial=True))
-            if after is None or after.get("message_id") != r.message_id:
-                raise StoreConflict("no intent for this key")
-            if state_of(after) is not CommitState.COMMITTED:
-                raise StoreOutcomeUnknown("scylla: the commit-mark did not apply")
-            now = int(after.get("expires_at_ms") or 0) - self._settings.idempotency_window_ms
-        await self._finish(stored, now, row)
+            now = await self._commit_refused(k, r.message_id, publication)
+        await self._finish(stored, now, known)
+        self._known.forget(k)
         return stored.committed_message()
 
-    async def _finish(self, intent: CommitIntent, committed_ms: int, row: Row) -> None:
+    async def _commit_refused(
+        self, key: CommitKey, message_id: str, publication: OutboxPublication
+    ) -> int:
+        """After a refused or unknown commit-mark: the commit time when the intent is
+        committed after all, else the reason it cannot be."""
+        after = self._live(await self._row(key, serial=True))
+        if after is None or after.get("message_id") != message_id:
+            raise StoreConflict("no intent for this key")
+        if after.get("state") == CommitState.COMMITTED.value:
+            return int(after.get("expires_at_ms") or 0) - self._settings.idempotency_window_ms
+        stored = publication_of(after)
+        if stored is None:
+            raise StoreConflict("record and publication must both be recorded first")
+        if stored != publication:
+            raise StoreConflict("a different publication is already recorded")
+        raise StoreOutcomeUnknown("scylla: the commit-mark did not apply")
+
+    async def _finish(self, intent: CommitIntent, committed_ms: int, known: Known | None) -> None:
         """After the commit-mark: the record's expiry, the retention schedule, the pin
         and the recovery entries, in one batch (a large record on its own beside it).
         Best effort: what a failure leaves, the next scan finishes (``_repair``)."""
-        due = row.get("rq_due_ms")
+        due = known.due_ms if known else None
         writes, rewrite = self._history.committed_writes(
             intent.record, committed_ms, intent.created_at_ms, self._clock.now_ms()
         )
@@ -409,7 +475,7 @@ class ScyllaMessageStore(MessageStore):
             self._recovery.entry_removal(intent.key, int(due or intent.created_at_ms)),
             self._recovery.created_removal(intent.key, intent.created_at_ms),
         ]
-        if row.get("rq_quarantined"):
+        if known is not None and known.quarantined:
             writes.append(self._recovery.quarantine_removal(intent.key))
         with contextlib.suppress(StoreError):
             if intent.record.size_bytes() <= BATCHED_RECORD_BYTES:
