@@ -155,6 +155,10 @@ class CommitServer:
         self._loops = [
             asyncio.create_task(self.probe.run(self._stop_loops), name="readiness-probe"),
             asyncio.create_task(self.recovery.run(self._stop_loops), name="recovery-loop"),
+            asyncio.create_task(
+                self.recovery.watch_queue(self._stop_loops, self.config.readiness_interval),
+                name="recovery-gauges",
+            ),
         ]
 
     async def stop(self, grace_s: float | None = None) -> None:

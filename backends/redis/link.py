@@ -109,8 +109,7 @@ def parse_url(url: str) -> Address:
     base, _, mode = scheme.partition("+")
     if base not in ("redis", "rediss") or mode not in ("sentinel", "cluster"):
         raise StoreUnavailable(
-            "the redis address must start redis://, rediss://, redis+sentinel:// or"
-            " redis+cluster://"
+            "the redis address must use the scheme redis, rediss, redis+sentinel or redis+cluster"
         )
     netloc = parts.netloc.rpartition("@")
     credentials, hostlist = netloc[0], netloc[2]

@@ -38,7 +38,7 @@ from service.gen.message_committer.v1 import membership_pb2 as mpb
 from tests.e2e.conftest import BASE_CONFIG, eventually, health_check, http_get
 from tests.e2e.process import ServeProcess, run_cli
 from tests.security.conftest import Failure, invoke, unique_tenant
-from tests.servers.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer, initialise_now, initialise_prefix
 from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 
 pytestmark = pytest.mark.e2e
@@ -152,6 +152,7 @@ async def test_a_session_with_failures_leaks_nothing(
         readiness_timeout=0.5,
         log_level="DEBUG",
     )
+    await initialise_prefix(url, config.redis_prefix)
     opened = await open_backend(config)
     store, outbox = FaultyStore(opened.store), FaultyOutbox(opened.outbox)
     backend = Backend(
@@ -308,6 +309,7 @@ def _serve_and_stop(args: list[str], env: dict[str, str]) -> tuple[str, list[byt
 @pytest.mark.redis
 def test_serve_on_redis_with_a_password_logs_no_secret(guarded_redis: RedisServer) -> None:
     url = redis_url(guarded_redis.port, PASSWORD)
+    initialise_now(url, f"mc-sec-{TAG}")
     log, answers = _serve_and_stop(
         ["--backend", "redis"], {"MC_REDIS_URL": url, "MC_REDIS_PREFIX": f"mc-sec-{TAG}"}
     )

@@ -215,7 +215,7 @@ def redis_url() -> Iterator[str]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
-    _initialise_now(server.url)
+    initialise_now(server.url)
     try:
         yield server.url
     finally:
@@ -231,14 +231,14 @@ def own_redis_server() -> Iterator[RedisServer]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
-    _initialise_now(server.url)
+    initialise_now(server.url)
     try:
         yield server
     finally:
         server.close()
 
 
-def _initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
+def initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
     """``initialise_prefix`` from synchronous code, even with a loop running (a
     synchronous fixture fetched by an async one): in a thread of its own."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -161,7 +161,7 @@ def _arm_faults(w: _World) -> None:
 async def _send(w: _World, request: AuthenticatedSend) -> None:
     via_skewed = w.rng.random() < 0.2
     committer = w.skewed if via_skewed else w.committer
-    w.ledger.attempted(request)
+    w.ledger.attempted(request, w.clock.now_ms())
     try:
         ack = await committer.commit_send(request)
     except InjectedCrash as crash:
