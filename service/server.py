@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 from grpc import aio
@@ -63,7 +64,10 @@ class CommitServer:
         store: InstrumentedStore,
         metrics: ServiceMetrics,
         clock: Clock,
+        *,
+        interceptors: Sequence[aio.ServerInterceptor] = (),
     ) -> None:
+        """``interceptors`` run outside the StatusInterceptor (tracing's server span)."""
         self.config = config
         self.backend = backend
         self.committer = committer
@@ -90,7 +94,7 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[StatusInterceptor(metrics)],
+            interceptors=[*interceptors, StatusInterceptor(metrics)],
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
