@@ -384,9 +384,7 @@ def _serve_and_stop(
     """A session against ``serve`` at DEBUG in ``log_format``; its whole output
     (every line checked to parse as JSON in that format, none naming a sender or
     a cmid at INFO or above) and what the caller was answered."""
-    process = ServeProcess(
-        ["--log-level", "DEBUG", "--log-format", log_format, *args], env=env
-    )
+    process = ServeProcess(["--log-level", "DEBUG", "--log-format", log_format, *args], env=env)
     try:
         seen = asyncio.run(asyncio.wait_for(_serve_session(process.target, unique_tenant()), 60))
         assert process.terminate() == 0
