@@ -30,6 +30,8 @@ from service.domain.ports import StoreSettings
 from service.domain.recovery import RecoveryPolicy
 
 BACKENDS = ("memory", "redis", "scylla")
+LOG_FORMATS = ("text", "json")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 _LIMITS = CommitLimits()
 _DURATION = {"kind": "duration"}
 _SIGNED_DURATION = {"kind": "signed_duration"}
@@ -161,6 +163,14 @@ class ServiceConfig:
 
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
+
+    log_format: str = "text"
+    """text (one readable line per record, for a terminal) or json (one JSON object
+    per line: time, level, logger, message, and trace_id/span_id inside a traced call)."""
+
+    event_loop: str = "auto"
+    """auto (uvloop when it is installed, else asyncio), asyncio or uvloop (fails to
+    start when uvloop is not installed)."""
 
     max_inline_body_bytes: int = _LIMITS.max_inline_body_bytes
     """Largest inline message body; larger bodies go by reference."""
@@ -432,6 +442,10 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40):
         raise ConfigError("MC_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError("MC_LOG_FORMAT/--log-format must be text or json")
+    if config.event_loop not in EVENT_LOOPS:
+        raise ConfigError("MC_EVENT_LOOP/--event-loop must be auto, asyncio or uvloop")
     positive = (
         "idempotency_window", "history_retention", "max_message_bytes", "recovery_interval",
         "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",

@@ -154,6 +154,8 @@ class BackendReport:
     phases: dict[str, Phase] = field(default_factory=dict)
     redis_record: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    rounds: dict[str, list[Round]] = field(default_factory=dict, repr=False)
+    """The raw rounds of every phase (not written to JSON; ``merge_reports`` uses them)."""
 
     def rate(self, name: str) -> float | None:
         phase = self.phases.get(name)
@@ -190,6 +192,20 @@ class BackendReport:
             "replay_over_fresh": cpu_ratio(get("replay"), get("fresh")),
             "hot_over_spread": cpu_ratio(get("hot"), get("fresh")),
         }
+
+
+def merge_reports(parts: Sequence[BackendReport], note: str) -> BackendReport:
+    """One report of several runs of one backend: each phase rebuilt from all their rounds."""
+    first = parts[0]
+    merged = BackendReport(first.backend, first.server, notes=[*first.notes, note])
+    for name, phase in first.phases.items():
+        rounds = [r for part in parts for r in part.rounds.get(name, [])]
+        merged.rounds[name] = rounds
+        merged.phases[name] = Phase.build(
+            name, phase.kind, phase.description, rounds, phase.server_cpu_measured
+        )
+    merged.redis_record = parts[-1].redis_record
+    return merged
 
 
 def cpu_ratio(a: Phase | None, b: Phase | None) -> float | None:

@@ -185,6 +185,7 @@ class BackendBench:
                 text = DESCRIPTIONS[kind]
             in_here = self.target.server is not None or name in FLOOR_DESCRIPTIONS
             self.report.phases[name] = Phase.build(name, kind_name, text, measured, in_here)
+            self.report.rounds[name] = measured
         if self.target.server is None:
             self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
