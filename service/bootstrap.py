@@ -104,10 +104,8 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
             backend = await _open(config, clock or SystemClock())
     except StartupError:
         raise
-    except StoreSchemaError:
-        raise ConfigError(
-            f"{where} has no schema of this version: run `message-committer migrate` first"
-        ) from None
+    except StoreSchemaError as exc:  # its texts are ours: they say what to run
+        raise ConfigError(f"{where} is not ready for this version: {exc}") from None
     except StoreUnavailable as exc:
         hint = f": {exc.operator_hint}" if exc.operator_hint else ""
         raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}{hint}") from None

@@ -103,10 +103,11 @@ class ServiceConfig:
     """Consistency level of regular reads and writes."""
 
     scylla_single_dc_conversations: bool = field(default=False, metadata=_BOOL)
-    """Use LOCAL_SERIAL for conditional writes instead of SERIAL. Only safe when every
-    write of a conversation (every send and every retry, also after a failover) comes
-    from one data centre: a send retried in another DC could get a second seq and a
-    second ACK. Saves the cross-DC round trips of each Paxos phase."""
+    """Conditional writes use SERIAL (the default). True switches them to LOCAL_SERIAL,
+    which is only safe when every write of a conversation (every send and every retry,
+    also after a failover) comes from one data centre: a send retried in another DC
+    could get a second seq and a second ACK. Saves the cross-DC round trips of each
+    Paxos phase."""
 
     scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
     """Largest difference between this replica's clock and the cluster's that it
