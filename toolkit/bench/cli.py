@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int, default=None, help="spread conversations (1000)")
     p.add_argument("--members", type=int, default=4, help="members per spread conversation")
     p.add_argument("--hot-members", type=int, default=64, help="members of the hot conversation")
+    p.add_argument(
+        "--big-members", type=int, default=None, help="members of each big conversation (100000)"
+    )
+    p.add_argument("--big-conversations", type=int, default=2, help="big conversations")
     p.add_argument("--dup-ratio", type=float, default=0.9, help="replay share of dupmix")
     p.add_argument("--conflict-ratio", type=float, default=0.5, help="conflict share of conflict")
     p.add_argument("--page-size", type=int, default=50, help="history page size")
@@ -130,13 +134,16 @@ def _settings(args: argparse.Namespace) -> None:
         args.rounds = 1 if quick else 3
     if args.conversations is None:
         args.conversations = 100 if quick else 1000
+    if args.big_members is None:
+        args.big_members = 2_000 if quick else 100_000
     kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in ALL_WORKLOADS]
     if unknown:
         raise SystemExit(f"bench: unknown workload(s) {', '.join(unknown)}")
     args.kinds = [Kind(k) for k in kinds]
     positive = ("concurrency", "clients", "duration", "body_bytes", "conversations", "members")
-    for name in (*positive, "hot_members", "page_size", "timeout", "rounds"):
+    for name in (*positive, "hot_members", "big_members", "big_conversations", "page_size",
+                 "timeout", "rounds"):  # fmt: skip
         if getattr(args, name) <= 0:
             raise SystemExit(f"bench: --{name.replace('_', '-')} must be positive")
     if args.requests < 0 or args.warmup < 0 or args.serial_commits < 0:
@@ -165,6 +172,8 @@ async def _bench_backend(
         spread_conversations=args.conversations,
         members=args.members,
         hot_members=args.hot_members,
+        big_conversations=args.big_conversations if Kind.BIG in args.kinds else 0,
+        big_members=args.big_members,
     )
     try:
         bench = BackendBench(args, target, pool, population, Progress())
@@ -272,6 +281,8 @@ def _json_settings(
         "conversations": args.conversations,
         "members": args.members,
         "hot_members": args.hot_members,
+        "big_members": args.big_members,
+        "big_conversations": args.big_conversations,
         "dup_ratio": args.dup_ratio,
         "conflict_ratio": args.conflict_ratio,
         "page_size": args.page_size,

@@ -153,6 +153,8 @@ class BackendReport:
     server: str
     phases: dict[str, Phase] = field(default_factory=dict)
     redis_record: dict[str, Any] | None = None
+    footprint: dict[str, dict[str, int | None]] | None = None
+    """Bytes stored per unfinished intent and per committed message, small vs big."""
     notes: list[str] = field(default_factory=list)
     rounds: dict[str, list[Round]] = field(default_factory=dict, repr=False)
     """The raw rounds of every phase (not written to JSON; ``merge_reports`` uses them)."""
@@ -177,6 +179,7 @@ class BackendReport:
             "replay_over_fresh": phase_ratio(get("replay"), fresh),
             "storage_replay_over_fresh": phase_ratio(get("storage-replay"), get("storage-floor")),
             "hot_over_spread": phase_ratio(get("hot"), fresh),
+            "big_over_fresh": phase_ratio(get("big"), fresh),
             "p99_over_p50": fresh.tail_ratio if fresh is not None and fresh.ok else None,
         }
 
@@ -205,6 +208,7 @@ def merge_reports(parts: Sequence[BackendReport], note: str) -> BackendReport:
             name, phase.kind, phase.description, rounds, phase.server_cpu_measured
         )
     merged.redis_record = parts[-1].redis_record
+    merged.footprint = parts[-1].footprint
     return merged
 
 
@@ -294,6 +298,11 @@ def backend_text(report: BackendReport) -> list[str]:
         + " | hot/spread "
         + num(c["hot_over_spread"])
     )
+    for label, sizes in (report.footprint or {}).items():
+        lines.append(
+            f"stored bytes, {label} ({sizes.get('members')} members): unfinished intent "
+            f"{sizes.get('intent_bytes')} B, committed {sizes.get('committed_bytes')} B"
+        )
     rec = report.redis_record
     if rec:
         lines.append(
@@ -354,6 +363,7 @@ def to_json(
                 "ratios": r.ratios(),
                 "cpu_ratios": r.cpu_ratios(),
                 "redis_record": r.redis_record,
+                "footprint": r.footprint,
                 "notes": r.notes,
             }
             for name, r in reports.items()

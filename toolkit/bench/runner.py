@@ -190,6 +190,10 @@ class BackendBench:
             self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
             self.report.notes.append("cost per op unavailable: pass --metrics-url")
+        if backend is not None and Kind.BIG in a.kinds:
+            from toolkit.bench.footprint import measure_footprint
+
+            self.report.footprint = await measure_footprint(backend, self.population, a.body_bytes)
         if self.target.backend == "redis" and self.target.redis_url:
             from backends.redis.sizing import measure_committed_record
 
