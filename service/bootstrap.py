@@ -64,6 +64,8 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             settings=settings,
             max_connections=config.redis_max_connections,
             allow_eviction=config.redis_allow_eviction,
+            wait_replicas=config.redis_wait_replicas,
+            wait_timeout_ms=int(config.redis_wait_timeout * 1000),
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend

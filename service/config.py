@@ -76,6 +76,14 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
+    redis_wait_replicas: int = 0
+    """Replicas that must hold a commit before it is acknowledged (Redis WAIT); 0 acks
+    what the primary holds, which an asynchronous failover can lose."""
+
+    redis_wait_timeout: float = field(default=1.0, metadata=_DURATION)
+    """How long a commit waits for those replicas before it answers UNAVAILABLE
+    (recoverable: a retry of the same key waits again)."""
+
     redis_allow_eviction: bool = field(default=False, metadata=_BOOL)
     """Serve even when Redis's maxmemory-policy is not noeviction. Evicting Redis
     loses committed records and counters (a retried send then becomes a second
@@ -453,7 +461,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
         "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
         "recovery_first_retry", "recovery_max_retry", "recovery_quarantine_after",
-        "scylla_max_clock_skew",
+        "scylla_max_clock_skew", "redis_wait_timeout",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
@@ -467,6 +475,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
+        "redis_wait_replicas",
         "recovery_grace",
         "shutdown_grace",
         "max_mentions",

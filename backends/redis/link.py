@@ -252,6 +252,46 @@ class RedisLink:
             raise StoreWiped("redis: this shard does not hold the deployment's data")
         return reply
 
+    async def script_and_wait(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
+    ) -> tuple[Any, int]:
+        """EVALSHA then WAIT on the same connection, in one round trip: the reply and
+        how many replicas acknowledged the script's writes (and everything before
+        them in the replication stream)."""
+        for attempt in range(2):
+            self.requests[CALL] += 1
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    cast(Callable[..., object], pipe.execute_command)(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+                    cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                    reply, acked = await pipe.execute()
+            except rx.NoScriptError:
+                if attempt:
+                    raise StoreUnavailable("redis lost the backend's scripts") from None
+                await self.load_scripts([script])
+                continue
+            except rx.RedisError as exc:
+                raise translate(exc, write=True) from None
+            if isinstance(reply, list) and reply and reply[0] == b"wiped":
+                raise StoreWiped("redis: this shard does not hold the deployment's data")
+            return reply, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def replication_barrier(self, key: str, replicas: int, wait_ms: int) -> int:
+        """A one-key write then WAIT on the same connection: when enough replicas
+        acknowledge it, they hold everything written before it too. Returns the count."""
+        self.requests[CALL] += 1
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                cast(Callable[..., object], pipe.execute_command)("INCR", key)
+                cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                _, acked = await pipe.execute()
+        except rx.RedisError as exc:
+            raise translate(exc, write=True) from None
+        return int(acked)
+
     async def load_scripts(self, scripts: Sequence[Script]) -> None:
         """SCRIPT LOAD every script on every server; fail if one is refused."""
         for script in scripts:

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,14 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """One redis-server process on 127.0.0.1, its data in a temp directory."""
 
-    def __init__(self, executable: str | None = None) -> None:
+    def __init__(self, executable: str | None = None, extra_args: Sequence[str] = ()) -> None:
         found = executable or shutil.which("redis-server")
         if found is None:
             raise RedisServerMissing(
                 f"redis-server is not installed: apt-get install -y redis-server (or set {ENV_URL})"
             )
         self.executable = found
+        self.extra_args = list(extra_args)
         self.directory = Path(tempfile.mkdtemp(prefix="mc-redis-"))
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -128,6 +129,7 @@ class RedisServer:
             "no",
             "--logfile",
             str(self.directory / "redis.log"),
+            *self.extra_args,
         ]
         self._process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
