@@ -211,12 +211,22 @@ class RedisLink:
             raise translate(exc, write=write) from None
 
     async def every_primary(self, *args: Arg) -> list[Any]:
-        """A command for every server (a Cluster's primaries; else the one server)."""
+        """A command for every server (a Cluster's primaries; else the one server):
+        ``SCRIPT LOAD``, ``SCRIPT EXISTS`` (answers merged: loaded everywhere) or
+        ``INFO section`` (one answer per server)."""
         self.requests[CALL] += 1
         try:
             if not self.cluster:
                 return [await self._execute(*args)]
-            replies = await self._execute(*args, target_nodes=RedisCluster.PRIMARIES)
+            command = " ".join(str(a) for a in args[:2]).upper()
+            if command == "SCRIPT LOAD":
+                replies = await self.client.script_load(args[2])
+            elif command == "SCRIPT EXISTS":
+                return [await self.client.script_exists(*args[2:])]
+            elif args and str(args[0]).upper() == "INFO":
+                replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
+            else:
+                raise StoreInvalid("this command is not sent to every server")
         except rx.RedisError as exc:
             raise translate(exc, write=False) from None
         return list(replies.values()) if isinstance(replies, dict) else [replies]
