@@ -180,6 +180,7 @@ def connect(
             client = sentinel.master_for(
                 address.master, db=address.db, max_connections=max_connections, **auth, **common
             )
+            client.mc_sentinels = list(sentinel.sentinels)  # closed with the link
             return client, "sentinel"
         nodes = [ClusterNode(host, port) for host, port in address.hosts]
         make_cluster = cast(Callable[..., Any], RedisCluster)
@@ -328,6 +329,8 @@ class RedisLink:
                 await self.client.aclose()
             else:
                 await self.client.aclose(close_connection_pool=True)
+            for sentinel in getattr(self.client, "mc_sentinels", ()):
+                await sentinel.aclose(close_connection_pool=True)
 
 
 def _text(reply: object) -> str:
