@@ -82,6 +82,8 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             serial_consistency="LOCAL_SERIAL"
             if config.scylla_single_dc_conversations
             else "SERIAL",
+            clock=clock,  # Scylla decides expiry by this clock, checked against the cluster
+            max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 
