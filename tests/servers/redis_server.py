@@ -33,9 +33,9 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -320,11 +320,12 @@ class RedisHarness(Harness):
 def sync_client(url: str) -> Any:
     """A synchronous client of any topology the backend accepts (tests only)."""
     address = parse_url(url)
+    untyped = cast(Callable[..., Any], ClusterNode)
     if address.mode == "cluster":
-        nodes = [ClusterNode(host, port) for host, port in address.hosts]
+        nodes = [untyped(host, port) for host, port in address.hosts]
         return RedisCluster(startup_nodes=nodes, password=address.password, socket_timeout=5)
     if address.mode == "sentinel":
-        sentinel = Sentinel(list(address.hosts), socket_timeout=5)
+        sentinel: Any = cast(Callable[..., Any], Sentinel)(list(address.hosts), socket_timeout=5)
         return sentinel.master_for(address.master, db=address.db, password=address.password)
     return Redis.from_url(url, socket_timeout=5)
 
