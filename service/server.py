@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 from grpc import aio
@@ -67,7 +68,10 @@ class CommitServer:
         store: InstrumentedStore,
         metrics: ServiceMetrics,
         clock: Clock,
+        *,
+        interceptors: Sequence[aio.ServerInterceptor] = (),
     ) -> None:
+        """``interceptors`` run outside the StatusInterceptor (tracing's server span)."""
         self.config = config
         self.backend = backend
         self.committer = committer
@@ -94,7 +98,7 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[StatusInterceptor(metrics, config.max_message_bytes)],
+            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
             options=[
                 # The transport refuses only requests over twice the limit; between
                 # the two, the interceptor answers from the error table, with ErrorInfo.
@@ -155,6 +159,10 @@ class CommitServer:
         self._loops = [
             asyncio.create_task(self.probe.run(self._stop_loops), name="readiness-probe"),
             asyncio.create_task(self.recovery.run(self._stop_loops), name="recovery-loop"),
+            asyncio.create_task(
+                self.recovery.watch_queue(self._stop_loops, self.config.readiness_interval),
+                name="recovery-gauges",
+            ),
         ]
 
     async def stop(self, grace_s: float | None = None) -> None:

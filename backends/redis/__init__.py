@@ -32,7 +32,7 @@ from backends.redis.lua import Script
 from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
-from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
+from service.domain.errors import StoreError, StoreInvalid, StoreSchemaError, StoreUnavailable
 from service.domain.ports import Backend, Clock, StoreSettings
 
 __all__ = ["SCRIPTS", "open_link", "open_redis_backend"]
@@ -72,6 +72,8 @@ async def open_redis_backend(
     connect_timeout_s: float = 1.0,
     max_connections: int = 128,
     allow_eviction: bool = False,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
     test_clock: Clock | None = None,
 ) -> Backend:
     """Connect, check the deployment identity and the eviction policy, load the scripts.
@@ -107,9 +109,18 @@ async def open_redis_backend(
         ):
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
+    if wait_replicas and link.cluster:
+        await link.close()
+        raise StoreInvalid("redis: waiting for replicas is not supported on a Redis Cluster")
     calls = CommitCalls(link, keys, deployment.identity, test_clock)
     store = RedisMessageStore(
-        calls, (settings or StoreSettings()).validate(), identity_form, allow_eviction, SCRIPTS
+        calls,
+        (settings or StoreSettings()).validate(),
+        identity_form,
+        allow_eviction,
+        SCRIPTS,
+        wait_replicas,
+        wait_timeout_ms,
     )
     backend = Backend(
         name="redis",

@@ -568,8 +568,13 @@ class ScyllaMessageStore(MessageStore):
 
     async def _into_quarantine(self, entry: Entry, row: Row) -> None:
         conversation = row.get("conversation") or ""
+        # Quarantined intents leave the creation view: the oldest-unfinished gauge
+        # watches what recovery can still finish, the quarantine has its own count.
         await self._cql.write_batch(
-            [self._recovery.quarantine_write(entry.key, entry.created_at_ms, conversation)]
+            [
+                self._recovery.quarantine_write(entry.key, entry.created_at_ms, conversation),
+                self._recovery.created_removal(entry.key, entry.created_at_ms),
+            ]
         )
         await self._quietly([self._recovery.entry_removal(entry.key, entry.due_ms)])
 
@@ -656,7 +661,12 @@ class ScyllaMessageStore(MessageStore):
         due = min(created, self._clock.now_ms())
         if not await self._cql.cas("c.release", (due, *_key_of(key), created)):
             return False
-        await self._cql.write_batch(self._recovery.entry_writes(_entry_of_row(key, row, due)))
+        await self._cql.write_batch(
+            [
+                *self._recovery.entry_writes(_entry_of_row(key, row, due)),
+                *self._recovery.created_writes(key, created),
+            ]
+        )
         await self._quietly([self._recovery.quarantine_removal(key)])
         return True
 
