@@ -138,7 +138,7 @@ async def open_scylla_backend(
         cql,
         seqs,
         History(cql, membership, clock, settings.history_retention_ms),
-        RecoveryIndex(cql, namespace),
+        RecoveryIndex(cql, namespace, clock),
         settings,
         clock,
         identity_form,

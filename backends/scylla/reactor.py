@@ -98,7 +98,11 @@ class LoopConnection(Connection):  # type: ignore[misc]  # the driver is untyped
         return None
 
     @classmethod
-    def create_timer(cls, timeout: float, callback: Any) -> LoopTimer:
+    def create_timer(cls, timeout: float, callback: Any) -> LoopTimer | asyncio.TimerHandle:
+        """On the loop's thread (every request's timeout) the loop's own handle;
+        elsewhere a LoopTimer that arms itself on the loop."""
+        if threading.get_ident() == cls._thread:
+            return cls._loop.call_later(max(0.0, timeout), callback)
         return LoopTimer(cls._loop, cls._thread, timeout, callback)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

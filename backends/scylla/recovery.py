@@ -29,10 +29,15 @@ before the intent's conditional write, so an intent never exists without
 its entries. At commit they are deleted after the commit-mark; a crash
 between leaves an entry whose intent is committed, and the next scan
 finishes that commit's bookkeeping. A minute is dropped from the directory
-when it is found empty and lies wholly before the scan bound, with ``USING
-TIMESTAMP`` (time of the empty read - 10 s): a reserve that wrote into that
-minute after the read re-wrote the directory row later, so the delete
-cannot hide it (as long as writer clocks are within 10 s).
+when it is found empty and lies wholly before the scan bound and more than
+``PRUNE_AGE_MS`` in the past, with ``USING TIMESTAMP`` (time of the empty read
+- 10 s). Entries are written into the current minute (reserve) or later ones
+(a defer), or into a minute whose directory row is written with them (a
+release), so by the time a minute can be dropped nothing writes into it
+without its directory row any more. That is what lets a replica write each
+current minute's directory row once (``listed``) instead of with every entry:
+it forgets a minute ``LISTED_FOR_MS`` after its end, well before it can be
+dropped (the gap covers a request timeout and the clock-skew bound).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from backends.scylla.session import CqlSession, Params, Row
 from service.domain.errors import StoreInvalid
 from service.domain.ids import CommitKey
+from service.domain.ports import Clock
 
 _KEY = "tenant = ? AND sender = ? AND cmid = ?"
 _ENTRY = "created_at_ms, tenant, sender, cmid, conversation, seq, message_id, created_ms"
@@ -84,6 +90,8 @@ SHARDS = 8
 MAX_BUCKETS_PER_SCAN = 200
 STATS_BUCKETS = 20
 PRUNE_MARGIN_US = 10_000_000
+PRUNE_AGE_MS = 120_000
+LISTED_FOR_MS = 60_000
 PER_SHARD_SLACK = 16
 _TOKEN_TAG = "q1"
 
@@ -148,10 +156,34 @@ def parse_quarantine_token(token: str) -> tuple[str, str, str]:
 class RecoveryIndex:
     """The queue, the creation view, the quarantine and their directories."""
 
-    def __init__(self, cql: CqlSession, namespace: str) -> None:
+    def __init__(self, cql: CqlSession, namespace: str, clock: Clock) -> None:
         self._cql = cql
         self._ns = f"ns:{namespace}"  # never empty: CQL refuses an empty partition key
         self._created_ns = f"created:{namespace}"
+        self._clock = clock
+        self._listed: dict[tuple[str, int], None] = {}
+
+    def _horizon(self) -> int:
+        """The oldest minute whose directory row a replica may trust it wrote."""
+        return (self._clock.now_ms() - LISTED_FOR_MS) // BUCKET_MS
+
+    def _directory(self, namespace: str, bucket: int) -> list[tuple[str, Params]]:
+        """The directory row for ``bucket``, unless this replica wrote it lately."""
+        if bucket >= self._horizon() and (namespace, bucket) in self._listed:
+            return []
+        return [("rb.add", (namespace, bucket))]
+
+    def listed(self, writes: list[tuple[str, Params]]) -> None:
+        """``writes`` were applied: their directory rows need not be written again
+        while their minutes are recent."""
+        horizon = self._horizon()
+        for old in [k for k in self._listed if k[1] < horizon]:
+            del self._listed[old]
+        for name, params in writes:
+            if name == "rb.add":
+                namespace, bucket = str(params[0]), int(params[1])  # type: ignore[call-overload]
+                if bucket >= horizon:
+                    self._listed[(namespace, bucket)] = None
 
     # --- statements for the callers' batches ------------------------------------
 
@@ -161,7 +193,7 @@ class RecoveryIndex:
         e = entry
         values = (self._ns, bucket, shard_of(e.key), e.due_ms, e.tenant, e.sender, e.cmid,
                   e.conversation, e.seq, e.message_id, e.created_ms)  # fmt: skip
-        return [("rq.add", values), ("rb.add", (self._ns, bucket))]
+        return [("rq.add", values), *self._directory(self._ns, bucket)]
 
     def entry_removal(self, key: CommitKey, due_ms: int) -> tuple[str, Params]:
         return (
@@ -175,7 +207,7 @@ class RecoveryIndex:
         return [
             ("rc.add", (self._created_ns, bucket, shard_of(key), created_ms, key.tenant,
                         key.sender, key.cmid)),
-            ("rb.add", (self._created_ns, bucket)),
+            *self._directory(self._created_ns, bucket),
         ]  # fmt: skip
 
     def created_removal(self, key: CommitKey, created_ms: int) -> tuple[str, Params]:
@@ -214,10 +246,13 @@ class RecoveryIndex:
             )
             entries = sorted(_entry(r) for rows_ in shards for r in rows_)
             if not entries:
-                if (bucket + 1) * BUCKET_MS <= older_than_ms:
+                if (bucket + 1) * BUCKET_MS <= min(older_than_ms, self._prunable_before()):
                     await self._drop_bucket(self._ns, bucket, read_at_us)
                 continue
             yield entries
+
+    def _prunable_before(self) -> int:
+        return self._clock.now_ms() - PRUNE_AGE_MS
 
     async def _drop_bucket(self, namespace: str, bucket: int, read_at_us: int) -> None:
         await self._cql.write("rb.drop", (read_at_us - PRUNE_MARGIN_US, namespace, bucket))
@@ -237,7 +272,7 @@ class RecoveryIndex:
             found = [int(r[0]["created_at_ms"]) for r in firsts if r]
             if found:
                 return min(found)
-            if (bucket + 1) * BUCKET_MS <= now_ms:
+            if (bucket + 1) * BUCKET_MS <= min(now_ms, self._prunable_before()):
                 await self._drop_bucket(self._created_ns, bucket, read_at_us)
         return None
 

@@ -275,7 +275,9 @@ class ScyllaMessageStore(MessageStore):
             )  # fmt: skip
             identity = request.stored_identity(self._whole_identity)
             intent = new_intent(request, identity, delivery, candidate, seq, self._clock.now_ms())
-            await self._cql.write_batch(self._indexed(intent))
+            indexed = self._indexed(intent)
+            await self._cql.write_batch(indexed)
+            self._recovery.listed(indexed)
             if await self._write_intent(intent, stale):
                 self._remember(intent, None, recorded=False)
                 return Reserved(intent)

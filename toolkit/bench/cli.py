@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=50, help="history page size")
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help="comma-separated")
     p.add_argument("--no-floors", action="store_true", help="skip the in-process floors")
+    p.add_argument(
+        "--cql-wire",
+        action="store_true",
+        help="scylla: count CQL requests on the wire through a proxy process (adds a hop)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="deadline of one RPC, seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
@@ -217,6 +222,7 @@ def _run(
         scylla_contact_points=tuple(p for p in args.scylla_contact_points.split(",") if p),
         scylla_port=args.scylla_port,
         scylla_keyspace=args.scylla_keyspace,
+        cql_wire=args.cql_wire,
     )
     env = Environment(given, tag)
     pool = ClientPool(args.clients)

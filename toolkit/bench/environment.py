@@ -32,6 +32,7 @@ import importlib.util
 import logging
 import re
 import shutil
+import subprocess
 import sys
 import urllib.request
 import uuid
@@ -45,6 +46,7 @@ from service.config import ServiceConfig, StartupError
 from service.domain.errors import StoreError
 from service.domain.ports import Backend
 from service.server import CommitServer
+from toolkit.bench.cqlwire import read_counts
 from toolkit.bench.driver import BenchError
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ HOUR_S = 3600.0
 UNLIMITED_RATE = 1_000_000.0
 SCRAPE_TIMEOUT_S = 5.0
 MAX_CLEANUP_ROUNDS = 100_000
+WIRE_START_S = 30.0
 _REQUESTS_LINE = re.compile(
     r'^message_committer_backend_requests_total\{kind="([^"]+)"\}\s+([0-9.eE+-]+)\s*$'
 )
@@ -68,6 +71,9 @@ class BackendAddress:
     scylla_contact_points: tuple[str, ...] = ()
     scylla_port: int = 9042
     scylla_keyspace: str = ""
+    cql_wire: bool = False
+    """Put a counting proxy (``toolkit/bench/cqlwire.py``, a process of its own) in
+    front of the CQL node: CQL requests per op, counted on the wire."""
 
 
 @dataclasses.dataclass
@@ -84,11 +90,18 @@ class Target:
     redis_url: str = ""
     own_floor_backend: bool = False
     notes: list[str] = dataclasses.field(default_factory=list)
+    wire_control: int = 0
+    """The control port of the CQL wire counter in front of the backend, if any."""
 
     async def requests(self) -> Counter[str] | None:
-        """The backend request counter now, or None when it cannot be read."""
+        """The backend request counter now (plus ``wire``/``wire_lwt``, the requests
+        and conditional ones the wire counter saw), or None when it cannot be read."""
         if self.server is not None:
-            return Counter(self.server.backend.requests)
+            counts = Counter(self.server.backend.requests)
+            if self.wire_control:
+                wire = await read_counts(self.wire_control)
+                counts["wire"], counts["wire_lwt"] = wire["requests"], wire["conditional"]
+            return counts
         if not self.metrics_url:
             return None
         return await asyncio.to_thread(scrape_requests, self.metrics_url)
@@ -154,6 +167,8 @@ class Environment:
         self._cassandra: Any = None
         self._keyspace = ""
         self._used_given_redis = False
+        self._wire: subprocess.Popen[str] | None = None
+        self.wire_control = 0
 
     # --- backend addresses -------------------------------------------------
 
@@ -179,6 +194,19 @@ class Environment:
         return str(self._redis.url)
 
     async def scylla(self) -> BackendAddress:
+        where = await self._scylla()
+        if not self._given.cql_wire:
+            return where
+        if self._wire is None:
+            self._wire, port, self.wire_control = await _start_wire(
+                where.scylla_contact_points[0], where.scylla_port
+            )
+            self._wire_port = port
+        return dataclasses.replace(
+            where, scylla_contact_points=("127.0.0.1",), scylla_port=self._wire_port
+        )
+
+    async def _scylla(self) -> BackendAddress:
         g = self._given
         if g.scylla_contact_points:
             return BackendAddress(
@@ -267,6 +295,7 @@ class Environment:
             floor_backend=opened,
             metrics_url=f"http://127.0.0.1:{server.http_port}/metrics",
             redis_url=config.redis_url,
+            wire_control=self.wire_control if backend == "scylla" else 0,
         )
 
     async def attach(self, backend: str, address: str, metrics_url: str) -> Target:
@@ -299,6 +328,11 @@ class Environment:
             with contextlib.suppress(Exception):
                 self._redis.close()
             self._redis = None
+        if self._wire is not None:
+            wire, self._wire = self._wire, None
+            wire.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                wire.wait(timeout=5)
         if self._cassandra is not None:
             node, self._cassandra = self._cassandra, None
             with contextlib.suppress(Exception):
@@ -307,6 +341,25 @@ class Environment:
                 node.kill()
             if not node.is_running():
                 shutil.rmtree(node.data_dir, ignore_errors=True)
+
+
+async def _start_wire(host: str, port: int) -> tuple[subprocess.Popen[str], int, int]:
+    """The CQL wire counter as a process of its own (its CPU is not the server's):
+    (process, listening port, control port)."""
+    process = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "toolkit.bench.cqlwire", "--target", f"{host}:{port}"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), WIRE_START_S)
+    words = line.split()
+    if len(words) != 4 or words[0] != "listen":
+        process.kill()
+        raise BenchError("the CQL wire counter did not start")
+    return process, int(words[1]), int(words[3])
 
 
 def _delete_prefix(url: str, prefix: str) -> int:

@@ -9,10 +9,16 @@
   without gRPC, the committer or metrics, at the same concurrency, with the
   calls the committer issues for a fresh send: membership read, reserve,
   put_record, outbox publish, then mark_published_and_committed (memory,
-  redis) or mark_outbox_published + mark_committed (scylla). Its replay
-  twin is membership read + reserve of an already committed key.
+  redis) or mark_outbox_published + mark_committed (scylla), after the store's
+  ``before_admission`` as the committer asks it. Its replay twin is the same
+  for an already committed key (``before_admission``, else membership read +
+  reserve).
 * committer floor: ``MessageCommitter.commit_send`` on the same backend in
   this process: the domain's whole commit path, without gRPC or metrics.
+* lwt floor (Scylla): one ``INSERT ... IF NOT EXISTS`` per op on a fresh
+  partition, through the backend's own driver session, at the same
+  concurrency: the cheapest conditional write, so a commit's cost reads as a
+  multiple of it. The rows live 60 s (tenant ``bench-lwt-floor``).
 
 The in-process floors run on the server's event loop while the server is
 idle, which is the same single process a replica has.
@@ -38,6 +44,7 @@ from service.domain.model import (
     MessageType,
     ReserveCandidate,
     Reserved,
+    ReserveResult,
 )
 from service.domain.ports import Backend, SystemClock
 from toolkit.bench.driver import BenchError, PhaseResult, Tally, gc_seconds
@@ -45,6 +52,27 @@ from toolkit.bench.workloads import DEVICE, Population
 
 Op = Callable[[], Awaitable[None]]
 REPLAY_POOL_CAP = 50_000
+LWT_FLOOR = (
+    "INSERT INTO {ks}.commits (tenant, sender, cmid, state) VALUES (?, ?, ?, 'lwt-floor')"
+    " IF NOT EXISTS USING TTL 60"
+)
+
+
+async def lwt_floor_op(backend: Backend, run_tag: str) -> Op | None:
+    """One conditional insert per call through the backend's CQL session; None when
+    the backend is not Scylla."""
+    cql = getattr(backend.store, "cql", None)
+    if backend.name != "scylla" or cql is None:
+        return None
+    await cql.prepare({"bench.lwt_floor": LWT_FLOOR})
+    counter = [0]
+
+    async def op() -> None:
+        counter[0] += 1
+        if not await cql.cas("bench.lwt_floor", ("bench-lwt-floor", run_tag, str(counter[0]))):
+            raise RuntimeError("the lwt floor met an existing row")
+
+    return op
 
 
 async def run_ops(
@@ -138,6 +166,8 @@ class StorageDriver:
         b = self.backend
         store = b.store
         send = self.new_send("sf")
+        if await store.before_admission(send) is not None:
+            raise RuntimeError("a new key was already known")
         delivery = await self._delivery(send)
         now = self._clock.now_ms()
         candidate = ReserveCandidate(new_message_id(now), now)
@@ -160,16 +190,18 @@ class StorageDriver:
         return FrozenDeliveryInput.at_version(admission.version)
 
     async def replay(self) -> None:
-        """One replay of a committed key: membership read and reserve."""
+        """One replay of a committed key, with the calls the committer makes."""
         if not self.committed:
             raise BenchError("the storage replay floor needs committed keys first")
         send = self._rng.choice(self.committed)
         b = self.backend
-        delivery = await self._delivery(send)
-        now = self._clock.now_ms()
-        candidate = ReserveCandidate(new_message_id(now), now)
-        result = await b.store.reserve(send, delivery, candidate)
-        if not isinstance(result, Committed):
+        known: ReserveResult | None = await b.store.before_admission(send)  # committer's order
+        if known is None:
+            delivery = await self._delivery(send)
+            now = self._clock.now_ms()
+            candidate = ReserveCandidate(new_message_id(now), now)
+            known = await b.store.reserve(send, delivery, candidate)
+        if not isinstance(known, Committed):
             raise RuntimeError("reserve of a committed key did not replay")
 
     def committer_op(self, limits: CommitLimits) -> Op:

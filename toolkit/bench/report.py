@@ -181,6 +181,7 @@ class BackendReport:
             "hot_over_spread": phase_ratio(get("hot"), fresh),
             "big_over_fresh": phase_ratio(get("big"), fresh),
             "p99_over_p50": fresh.tail_ratio if fresh is not None and fresh.ok else None,
+            "lwt_floor_over_fresh": phase_ratio(get("lwt-floor"), fresh),
         }
 
     def cpu_ratios(self) -> dict[str, float | None]:
@@ -194,6 +195,7 @@ class BackendReport:
             "service_over_grpc_floor": cpu_ratio(get("fresh"), get("grpc-floor")),
             "replay_over_fresh": cpu_ratio(get("replay"), get("fresh")),
             "hot_over_spread": cpu_ratio(get("hot"), get("fresh")),
+            "lwt_floor_over_fresh": cpu_ratio(get("lwt-floor"), get("fresh")),
         }
 
 
@@ -225,7 +227,7 @@ def cpu_ratio(a: Phase | None, b: Phase | None) -> float | None:
 
 # --- text ----------------------------------------------------------------------
 
-_SHORT = {"statement": "stmt", "redis_call": "calls", "serial_read": "serial"}
+_SHORT = {"statement": "stmt", "redis_call": "calls", "serial_read": "serial", "wire_lwt": "wcond"}
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -298,6 +300,14 @@ def backend_text(report: BackendReport) -> list[str]:
         + " | hot/spread "
         + num(c["hot_over_spread"])
     )
+    if r.get("lwt_floor_over_fresh") is not None:
+        lines.append(
+            "a fresh commit costs "
+            + num(r["lwt_floor_over_fresh"])
+            + " x the cheapest conditional write (lwt-floor ops/s over fresh; from CPU per op "
+            + num(c.get("lwt_floor_over_fresh"))
+            + ")"
+        )
     for label, sizes in (report.footprint or {}).items():
         lines.append(
             f"stored bytes, {label} ({sizes.get('members')} members): unfinished intent "

@@ -17,7 +17,7 @@ from typing import TextIO
 from service.domain.limits import CommitLimits
 from toolkit.bench.driver import BenchError, ClientPool, create_population
 from toolkit.bench.environment import Target
-from toolkit.bench.floors import StorageDriver, ensure_population, run_ops
+from toolkit.bench.floors import StorageDriver, ensure_population, lwt_floor_op, run_ops
 from toolkit.bench.report import BackendReport, Phase, Round
 from toolkit.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 
@@ -25,8 +25,9 @@ MAX_CALLS = 5_000_000
 """Count bound of one phase when ``--requests`` is not given."""
 FLOOR_DESCRIPTIONS = {
     "storage-floor": "fresh commit through the store objects, no gRPC (same calls as the service)",
-    "storage-replay": "replay through the store objects: membership read + reserve",
+    "storage-replay": "replay through the store objects, as the committer asks the store",
     "committer-floor": "MessageCommitter.commit_send in-process: no gRPC, no metrics",
+    "lwt-floor": "one INSERT ... IF NOT EXISTS per op through the backend's own CQL session",
 }
 SERIAL = "fresh-serial"
 """Fresh sends from one stream, once per backend: per-commit cost without contention."""
@@ -163,6 +164,9 @@ class BackendBench:
                 ("storage-replay", driver.replay),
                 ("committer-floor", committer),
             ]
+            lwt = await lwt_floor_op(backend, self.population.tenant)
+            if lwt is not None:
+                floors.append(("lwt-floor", lwt))
         rounds: dict[str, list[Round]] = {}
         if Kind.FRESH in a.kinds and a.serial_commits:
             serial = await self.grpc_phase(Kind.FRESH, a.duration, SERIAL, a.serial_commits)
