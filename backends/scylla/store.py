@@ -511,17 +511,17 @@ class ScyllaMessageStore(MessageStore):
                 return None  # maybe a reserve in flight
             await self._quietly(self._stale(entry, None))
             return None
+        # An entry belongs to the intent created at its creation time; once committed
+        # (creation time dropped), to the one holding its seq. Never judged by message
+        # id: concurrent duplicates of a key that share a creation time write the same
+        # entry row, the loser's message id possibly last.
         if row.get("state") == CommitState.COMMITTED.value:
-            if entry.message_id is not None and row.get("message_id") == entry.message_id:
+            if entry.seq is not None and row.get("seq") == entry.seq:
                 await self._repair(entry, row)
             else:
                 await self._quietly(self._stale(entry, row))
             return None
-        created = row.get("created_at_ms")
-        mine = (entry.message_id is None or row.get("message_id") == entry.message_id) and (
-            created == entry.created_at_ms
-        )
-        if not mine:
+        if row.get("created_at_ms") != entry.created_at_ms:
             await self._quietly(self._stale(entry, row))
             return None
         if row.get("rq_quarantined"):
@@ -554,7 +554,7 @@ class ScyllaMessageStore(MessageStore):
         conversation = row.get("conversation") or entry.conversation or ""
         seq = int(row.get("seq") or 0)
         record = await self._history.at(entry.tenant, conversation, seq)
-        if record is None or record.message_id != entry.message_id:
+        if record is None or record.message_id != row.get("message_id"):
             await self._quietly([self._recovery.entry_removal(entry.key, entry.due_ms)])
             return
         committed_ms = int(row.get("expires_at_ms") or 0) - self._settings.idempotency_window_ms

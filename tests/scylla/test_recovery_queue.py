@@ -9,6 +9,9 @@ quarantine it, never ACK it, until an operator fixes it and retries.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 import pytest
 from cassandra import ConsistencyLevel, WriteTimeout, WriteType
 
@@ -17,7 +20,7 @@ from backends.scylla.session import Row, Send
 from service.domain.committer import MessageCommitter
 from service.domain.errors import CommitNotFound, Recoverable
 from service.domain.faults import FaultPoint, InjectedCrash
-from service.domain.model import AuthenticatedSend
+from service.domain.model import AuthenticatedSend, FrozenDeliveryInput, ReserveCandidate, Reserved
 from service.domain.ports import Backend, ManualClock
 from service.domain.recovery import RecoveryPolicy
 from tests.scylla.conftest import store_of
@@ -27,6 +30,8 @@ from toolkit.campaign.invariants import Ledger, check_invariants, check_recovere
 
 pytestmark = pytest.mark.scylla
 
+MESSAGE_A = "01a20000-0000-7000-8000-00000000aaaa"
+MESSAGE_B = "01a20000-0000-7000-8000-00000000bbbb"
 POLICY = RecoveryPolicy(first_retry_ms=1_000, max_retry_ms=4_000, quarantine_after=3)
 _SET = (
     "UPDATE {ks}.commits SET %s = %%s"
@@ -159,3 +164,48 @@ async def test_a_commit_cut_before_its_bookkeeping_is_finished_by_the_next_scan(
     assert await backend.store.scan_recoverable_commits(clock.now_ms(), 10) == []
     assert (await backend.store.recovery_stats()).oldest_unfinished_ms is None
     assert await c.commit_send(request) == ack
+
+
+async def test_a_duplicate_sharing_the_creation_time_never_unindexes_the_intent(
+    scylla: ScyllaHarness,
+) -> None:
+    """Two reserves of one key in the same millisecond write the same queue-entry
+    row; when the loser's lands last, the entry carries the loser's message id. The
+    scan must still judge it the winner's (by creation time), never drop it."""
+    clock = ManualClock()
+    backend = await scylla.open(clock=clock)
+    store = store_of(backend)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    delivery = FrozenDeliveryInput.at_version(1)
+    request = send(tenant)
+    won = await store.reserve(request, delivery, ReserveCandidate(MESSAGE_A, clock.now_ms()))
+    assert isinstance(won, Reserved)
+    lost = dataclasses.replace(
+        won.intent,
+        record=dataclasses.replace(won.intent.record, message_id=MESSAGE_B),
+    )
+    await store.cql.write_batch(store._indexed(lost))  # the loser's batch, landing last
+    racing = [send(tenant) for _ in range(8)]  # and the same race, for real
+    results = await asyncio.gather(
+        *(
+            store.reserve(
+                r,
+                delivery,
+                ReserveCandidate(f"01a20000-0000-7000-8000-00000000{i:04d}", clock.now_ms()),
+            )
+            for i, r in enumerate(racing * 2)
+        )
+    )
+    assert sum(isinstance(r, Reserved) for r in results) == len(racing)
+    clock.advance(60_000)
+    items = await backend.store.scan_recoverable_commits(clock.now_ms(), 100)
+    by_key = {i.key: i for i in items}
+    assert set(by_key) == {request.key, *(r.key for r in racing)}
+    found = by_key[request.key].intent
+    assert found is not None and found.record.message_id == MESSAGE_A
+    c = MessageCommitter(backend.store, backend.membership, backend.outbox, limits=NO_QUOTA,
+                         clock=clock)  # fmt: skip
+    report = await c.recover_due(clock.now_ms(), 100)
+    assert (report.scanned, report.committed) == (len(racing) + 1, len(racing) + 1)
+    assert await check_recovered(backend, clock.now_ms()) == []
