@@ -7,7 +7,17 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
-from backends.scylla import history, members, outbox, recovery, sequence, skew, store
+from backends.scylla import (
+    commits,
+    history,
+    members,
+    outbox,
+    queue,
+    recovery,
+    sequence,
+    skew,
+    store,
+)
 from backends.scylla.history import TTL_SLACK_S, History, ttl_s
 from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.outbox import ScyllaOutbox
@@ -112,6 +122,8 @@ async def open_scylla_backend(
             {
                 **_READINESS,
                 **skew.STATEMENTS,
+                **commits.STATEMENTS,
+                **queue.STATEMENTS,
                 **members.STATEMENTS,
                 **sequence.STATEMENTS,
                 **history.STATEMENTS,

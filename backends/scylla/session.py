@@ -2,14 +2,17 @@
 
 Everything the Scylla backend sends goes through ``CqlSession``:
 
-* the driver's ``ResponseFuture`` is bridged to an asyncio future with
-  ``add_callbacks`` + ``loop.call_soon_threadsafe`` (the driver answers on its
-  own I/O thread), with an outer deadline so no await can hang forever;
+* the driver's sockets are served by the caller's own asyncio loop
+  (``reactor.py``: no I/O thread, no GIL hand-off per response); a
+  ``ResponseFuture`` resolves an asyncio future through module-level
+  callbacks (no closure per request), and the driver's request timeout (a
+  ``loop.call_later`` handle) bounds every await; frames are not compressed;
 * statements are prepared once per session, by name;
-* every request is counted in ``requests``: ``"lwt"`` per conditional
-  statement or conditional batch, ``"statement"`` per plain one and
-  ``"serial_read"`` per read at SERIAL / LOCAL_SERIAL (a Paxos round, but not
-  a conditional write);
+* every request is counted in ``requests``, and the driver never re-sends one
+  on its own (``FallthroughRetryPolicy``), so the count is what goes on the
+  wire: ``"lwt"`` per conditional statement or conditional batch,
+  ``"statement"`` per plain one and ``"serial_read"`` per read at SERIAL /
+  LOCAL_SERIAL (a Paxos round, but not a conditional write);
 * driver exceptions become ``StoreError``s here and nowhere else. Texts name
   the kind of failure and the driver's exception class, never a host, a
   credential, a table or CQL; causes are dropped (``from None``) because the
@@ -53,6 +56,7 @@ from cassandra.connection import ConnectionException
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
+    FallthroughRetryPolicy,
     TokenAwarePolicy,
 )
 from cassandra.query import (
@@ -159,6 +163,10 @@ class CqlSession:
             serial_consistency_level=serial,
             request_timeout=request_timeout_s,
             row_factory=dict_factory,
+            # Every failure reaches this layer, which decides it (a serial re-read, a
+            # retry of the step, Recoverable): the driver's default would re-send on
+            # overload or server errors unseen, conditional writes included.
+            retry_policy=FallthroughRetryPolicy(),
         )
         auth = None
         if username is not None:

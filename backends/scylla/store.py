@@ -1,37 +1,38 @@
 """The Scylla MessageStore: the commit state machine over conditional writes.
 
-LWTs per fresh commit (no contention): the seq batch and the intent at
-reserve, the publish-mark, the commit-mark: 4. A replay of a committed key
-reads one row: 0. Every other statement is a plain, idempotent read or
-write. The steps (docs/scylla.md has the statement counts):
+A fresh commit is 10 CQL requests, 4 of them conditional (the seq batch, the
+intent, the publish-mark, the commit-mark); a replay of a committed key is 1
+(docs/scylla.md has what proves each fact that a removed read used to):
 
 ==========================  =======================================================
-step                        writes
+step                        requests
 ==========================  =======================================================
-reserve                     plain read of the intent; if absent: seq batch (LWT,
-                            ``conversations``); one batch of the recovery entries
-                            and the retention pin (plain); intent
-                            ``IF state = null`` (LWT)
-put_record                  plain read of the intent; plain insert of exactly its
-                            record into history (no TTL yet)
-mark_outbox_published       plain reads of intent and history record (the record
-                            evidence); ``IF state = 'reserved'`` (LWT)
-mark_committed              plain read; compact ``IF state = 'outboxed'`` (LWT, TTL
-                            = idempotency window); then one batch: history rewrite
-                            with expiry, retention schedule, pin, recovery entries
+before_admission            read the key's row (a replay ends here)
+reserve                     seq batch (LWT, ``sequence.py``, no read before it);
+                            one batch of the recovery entries and the retention
+                            pin; intent ``IF state = null`` (LWT)
+put_record                  insert exactly its record into history (no TTL yet)
+mark_outbox_published       ``IF state = 'reserved' AND message_id = ?`` (LWT)
+mark_committed              compact ``IF state = 'outboxed' AND message_id = ? AND
+                            pub_stream = ? AND pub_position = ?`` (LWT, TTL = the
+                            idempotency window); then one batch: the record with
+                            its expiry, the retention schedule, the pin, the
+                            recovery entries (``queue.py``)
 ==========================  =======================================================
 
-Stored states are reserved, outboxed and committed; an intent whose record
-is in history reads back as RECORDED. A refused or unknown conditional write
-is never taken as success: the row is re-read at serial consistency and the
-decision is made from what is there. When the re-read cannot decide,
+The steps skip re-reading an intent this store wrote or read back
+(``known.py``); each step's condition checks the stored state, and an intent
+not known here is read and checked first, so a forged or stale one is refused
+as before. Stored states are reserved, outboxed and committed; an intent whose
+record is in history reads back as RECORDED. A refused or unknown conditional
+write is never taken as success: the row is re-read at serial consistency and
+the decision is made from what is there; when the re-read cannot decide,
 StoreOutcomeUnknown.
 
 The commit's bookkeeping batch runs after the commit-mark. A crash between
 the two leaves the intent COMMITTED with its recovery entry and pin still in
-place; the next recovery scan finds the entry and writes the batch
-(``_repair``), so nothing is left behind and retention never passes the seq
-in the meantime.
+place; the next recovery scan finds the entry and writes the batch, so
+nothing is left behind and retention never passes the seq meanwhile.
 
 Expiry: a committed row carries ``expires_at_ms`` (by the store's clock) and
 a TTL a minute longer, so reads honour the window to the millisecond and the
@@ -41,11 +42,9 @@ marker), so when its cells expire, nothing of it is left.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from cassandra.query import UNSET_VALUE
@@ -61,15 +60,15 @@ from backends.scylla.codec import (
     recipients_value,
     state_of,
 )
-from backends.scylla.history import BATCHED_RECORD_BYTES, History, pin_removal, pin_write
-from backends.scylla.known import Known, KnownIntents
-from backends.scylla.recovery import Entry, RecoveryIndex, quarantine_token
+from backends.scylla.commits import CommitRows, key_of
+from backends.scylla.history import History, pin_removal, pin_write
+from backends.scylla.known import Known
+from backends.scylla.queue import RecoveryQueue
+from backends.scylla.recovery import Entry, RecoveryIndex
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, Params
 from service.domain.errors import (
     StoreConflict,
-    StoreCorrupt,
-    StoreError,
     StoreOutcomeUnknown,
     StoreUnavailable,
 )
@@ -119,7 +118,6 @@ _DROP_BODY = ", ".join(
 )
 
 STATEMENTS = {
-    "c.get": f"SELECT * FROM {{ks}}.commits {_KEY}",
     "c.reserve": f"UPDATE {{ks}}.commits SET state = 'reserved', {_INTENT_SET} {_KEY}"
     " IF state = null",
     "c.reserve_over": f"UPDATE {{ks}}.commits SET state = 'reserved', {_INTENT_SET},"
@@ -132,25 +130,13 @@ STATEMENTS = {
     " conversation = ?, seq = ?, message_id = ?, server_ts_ms = ?, pub_stream = ?,"
     f" pub_position = ?, expires_at_ms = ?, membership_version = null, {_DROP_BODY}"
     f" {_KEY} IF state = 'outboxed' AND message_id = ? AND pub_stream = ? AND pub_position = ?",
-    "c.defer": "UPDATE {ks}.commits SET rq_attempts = ?, rq_problem = ?, rq_due_ms = ?,"
-    f" rq_quarantined = ? {_KEY} IF created_at_ms = ?",
-    "c.release": "UPDATE {ks}.commits SET rq_attempts = 0, rq_due_ms = ?, rq_quarantined = false"
-    f" {_KEY} IF rq_quarantined = true AND created_at_ms = ?",
 }
 
 ReadinessProbe = Callable[[], Awaitable[None]]
 MAX_RESERVE_ROUNDS = 4
-ABSENT_ENTRY_GRACE_MS = 10 * 60_000
-JUDGE_CONCURRENCY = 32
-MAX_QUARANTINE_PAGES = 100
-PROBLEM_CHARS = 200
 PEEK_S = 2.0
 """How long the row ``before_admission`` read stands in for reserve's own read."""
 PEEKS = 10_000
-
-
-def _key_of(key: CommitKey) -> tuple[str, str, str]:
-    return (key.tenant, key.sender, key.cmid)
 
 
 class ScyllaMessageStore(MessageStore):
@@ -177,7 +163,8 @@ class ScyllaMessageStore(MessageStore):
         self._whole_identity = identity_form == "whole"
         self._readiness = readiness
         self.commit_ttl_s = commit_ttl_s
-        self._known = KnownIntents()
+        self._rows = CommitRows(cql, history, clock)
+        self._queue = RecoveryQueue(self._rows, recovery, history, settings, clock)
         self._peeked: OrderedDict[CommitKey, tuple[float, Row | None]] = OrderedDict()
 
     @property
@@ -185,58 +172,24 @@ class ScyllaMessageStore(MessageStore):
         """The driver session (tests install an ``interceptor`` on it)."""
         return self._cql
 
-    # --- reading one key ---------------------------------------------------------
-
-    async def _row(self, key: CommitKey, *, serial: bool = False) -> Row | None:
-        rows = await self._cql.read("c.get", _key_of(key), serial=serial)
-        return rows[0] if rows and rows[0].get("state") is not None else None
-
-    def _expired(self, row: Row) -> bool:
-        """A committed row past the idempotency window (by this store's clock)."""
-        expires = row.get("expires_at_ms")
-        return (
-            row.get("state") == CommitState.COMMITTED.value
-            and expires is not None
-            and expires <= self._clock.now_ms()
-        )
-
-    def _live(self, row: Row | None) -> Row | None:
-        return None if row is None or self._expired(row) else row
-
-    async def _unfinished(self, key: CommitKey, row: Row) -> CommitIntent:
-        """The intent of a live, unfinished row; RECORDED once history holds its record."""
-        state = state_of(row)
-        intent = intent_from_row(key, row, state)
-        recorded = state is not CommitState.RESERVED
-        if not recorded and await self._recorded(intent.record):
-            intent, recorded = intent.advanced(CommitState.RECORDED), True
-        self._remember(intent, row, recorded=recorded)
-        return intent
-
-    def _remember(self, intent: CommitIntent, row: Row | None, *, recorded: bool) -> Known:
-        due = row.get("rq_due_ms") if row else None
-        quarantined = bool(row.get("rq_quarantined")) if row else False
-        return self._known.remember(intent, recorded=recorded, due_ms=due, quarantined=quarantined)
-
-    async def _recorded(self, record: MessageRecord) -> bool:
-        return await self._history.get(record) == record
+    # --- reading one key (commits.py) --------------------------------------------------
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
-        row = self._live(await self._row(key))
+        row = self._rows.live(await self._rows.row(key))
         if row is None:
             return None
         identity = row.get("identity") or b""
         conversation = row.get("conversation") or ""
         if state_of(row) is CommitState.COMMITTED:
             return StoredCommit(identity, conversation, None, committed_from_row(key, row))
-        return StoredCommit(identity, conversation, await self._unfinished(key, row), None)
+        return StoredCommit(identity, conversation, await self._rows.unfinished(key, row), None)
 
     async def _existing(self, request: AuthenticatedSend, row: Row) -> LoadedCommit:
         if not request.matches_identity(row.get("identity") or b""):
             return Conflict(request.key)
         if state_of(row) is CommitState.COMMITTED:
             return Committed(committed_from_row(request.key, row))
-        return InProgress(await self._unfinished(request.key, row))
+        return InProgress(await self._rows.unfinished(request.key, row))
 
     # --- reserve -------------------------------------------------------------------
 
@@ -244,18 +197,18 @@ class ScyllaMessageStore(MessageStore):
         """Reserve's first read, done before admission: a committed, unfinished or
         conflicting key is answered from it (a replay costs this one read); for a
         fresh key, reserve uses the row instead of reading it again."""
-        row = await self._row(request.key)
+        row = await self._rows.row(request.key)
         self._peeked[request.key] = (time.monotonic(), row)
         if len(self._peeked) > PEEKS:
             self._peeked.popitem(last=False)
-        live = self._live(row)
+        live = self._rows.live(row)
         return None if live is None else await self._existing(request, live)
 
     async def _first_read(self, key: CommitKey) -> Row | None:
         peeked = self._peeked.pop(key, None)
         if peeked is not None and time.monotonic() - peeked[0] < PEEK_S:
             return peeked[1]  # a stale "absent" only makes the intent's LWT refuse
-        return await self._row(key)
+        return await self._rows.row(key)
 
     async def reserve(
         self,
@@ -266,7 +219,7 @@ class ScyllaMessageStore(MessageStore):
         key = request.key
         row = await self._first_read(key)
         for _ in range(MAX_RESERVE_ROUNDS):
-            if (live := self._live(row)) is not None:
+            if (live := self._rows.live(row)) is not None:
                 return await self._existing(request, live)
             stale = row  # an expired committed intent, or None
             seq = await self._sequence.allocate(
@@ -279,16 +232,16 @@ class ScyllaMessageStore(MessageStore):
             await self._cql.write_batch(indexed)
             self._recovery.listed(indexed)
             if await self._write_intent(intent, stale):
-                self._remember(intent, None, recorded=False)
+                self._rows.remember(intent, None, recorded=False)
                 return Reserved(intent)
-            row = await self._row(key, serial=True)
+            row = await self._rows.row(key, serial=True)
             if row is not None and _same_coordinates(row, intent.record):
-                self._remember(intent, None, recorded=False)
+                self._rows.remember(intent, None, recorded=False)
                 return Reserved(intent)  # our write applied after all
             if row is not None and row.get("created_at_ms") != intent.created_at_ms:
                 # Another intent holds the key: our entries are stale (a scan would
                 # drop them too); the pin stays when that intent holds our seq.
-                await self._quietly(self._unindexed(intent, keep_pin=row.get("seq") == seq))
+                await self._rows.quietly(self._unindexed(intent, keep_pin=row.get("seq") == seq))
         raise StoreUnavailable("scylla: reserve did not settle")
 
     def _entry(self, intent: CommitIntent, due_ms: int) -> Entry:
@@ -314,12 +267,6 @@ class ScyllaMessageStore(MessageStore):
         if not keep_pin:
             writes.append(pin_removal(r.tenant, r.conversation, r.seq))
         return writes
-
-    async def _quietly(self, writes: Sequence[tuple[str, Params]]) -> None:
-        """Best-effort cleanup: a scan removes what this leaves behind."""
-        if writes:
-            with contextlib.suppress(StoreError):
-                await self._cql.write_batch(writes)
 
     async def _write_intent(self, intent: CommitIntent, stale: Row | None) -> bool:
         """The intent's LWT; False when refused or unknown (the caller re-reads)."""
@@ -351,7 +298,7 @@ class ScyllaMessageStore(MessageStore):
     async def _stored(self, intent: CommitIntent) -> tuple[Row, CommitIntent | None]:
         """The live row for ``intent``, checked to be the same intent; the stored
         intent (None once committed)."""
-        row = self._live(await self._row(intent.key))
+        row = self._rows.live(await self._rows.row(intent.key))
         if row is None:
             raise StoreConflict("no intent for this key")
         if state_of(row) is CommitState.COMMITTED:
@@ -364,12 +311,12 @@ class ScyllaMessageStore(MessageStore):
         return row, stored
 
     async def put_record(self, intent: CommitIntent) -> None:
-        known = self._known.get(intent)
+        known = self._rows.known.get(intent)
         if known is None:  # not known here: read it, and refuse a forged or stale one
             row, stored = await self._stored(intent)
             if stored is None or stored.state is not CommitState.RESERVED:
                 return  # committed or past RECORDED: the record is there (retry-safe)
-            known = self._remember(stored, row, recorded=False)
+            known = self._rows.remember(stored, row, recorded=False)
         # Known to be the stored intent: writing its record again is harmless at any
         # later state (the same values, with a timestamp older than the commit's).
         await self._history.put(known.intent.record, known.intent.created_at_ms)
@@ -378,34 +325,34 @@ class ScyllaMessageStore(MessageStore):
     async def mark_outbox_published(
         self, intent: CommitIntent, publication: OutboxPublication
     ) -> None:
-        known = self._known.get(intent)
+        known = self._rows.known.get(intent)
         if known is None or not known.recorded:
             row, stored = await self._stored(intent)
             if _has_publication(row, publication):
                 return
             assert stored is not None  # a committed row always has its publication
-            if not await self._recorded(stored.record):
+            if not await self._rows.recorded(stored.record):
                 raise StoreConflict("the record is not written yet")
-            known = self._remember(stored, row, recorded=True)
+            known = self._rows.remember(stored, row, recorded=True)
         k, message_id = intent.key, known.intent.record.message_id
         try:
             applied = await self._cql.cas(
-                "c.outboxed", (publication.stream, publication.position, *_key_of(k), message_id)
+                "c.outboxed", (publication.stream, publication.position, *key_of(k), message_id)
             )
         except StoreOutcomeUnknown:
             applied = False
         if applied:
-            self._known.published(known, publication)
+            self._rows.known.published(known, publication)
             return
-        after = self._live(await self._row(k, serial=True))
+        after = self._rows.live(await self._rows.row(k, serial=True))
         if after is None or after.get("message_id") != message_id:
             raise StoreConflict("no intent for this key")
         if not _has_publication(after, publication):
             raise StoreOutcomeUnknown("scylla: the publish-mark did not apply")
-        self._known.published(known, publication)
+        self._rows.known.published(known, publication)
 
     async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
-        known = self._known.get(intent)
+        known = self._rows.known.get(intent)
         if known is None:
             row, stored = await self._stored(intent)
             if stored is None:  # committed already: make sure its bookkeeping was written
@@ -414,7 +361,7 @@ class ScyllaMessageStore(MessageStore):
                 return committed_from_row(intent.key, row)
             if stored.state is not CommitState.OUTBOXED or publication_of(row) is None:
                 raise StoreConflict("record and publication must both be recorded first")
-            known = self._remember(stored, row, recorded=True)
+            known = self._rows.remember(stored, row, recorded=True)
         stored = known.intent
         publication = intent.publication or stored.publication
         if publication is None:
@@ -434,7 +381,7 @@ class ScyllaMessageStore(MessageStore):
                     publication.stream,
                     publication.position,
                     now + self._settings.idempotency_window_ms,
-                    *_key_of(k),
+                    *key_of(k),
                     r.message_id,
                     publication.stream,
                     publication.position,
@@ -445,7 +392,7 @@ class ScyllaMessageStore(MessageStore):
         if not applied:
             now = await self._commit_refused(k, r.message_id, publication)
         await self._finish(stored, now, known)
-        self._known.forget(k)
+        self._rows.known.forget(k)
         return stored.committed_message()
 
     async def _commit_refused(
@@ -453,7 +400,7 @@ class ScyllaMessageStore(MessageStore):
     ) -> int:
         """After a refused or unknown commit-mark: the commit time when the intent is
         committed after all, else the reason it cannot be."""
-        after = self._live(await self._row(key, serial=True))
+        after = self._rows.live(await self._rows.row(key, serial=True))
         if after is None or after.get("message_id") != message_id:
             raise StoreConflict("no intent for this key")
         if after.get("state") == CommitState.COMMITTED.value:
@@ -466,218 +413,38 @@ class ScyllaMessageStore(MessageStore):
         raise StoreOutcomeUnknown("scylla: the commit-mark did not apply")
 
     async def _finish(self, intent: CommitIntent, committed_ms: int, known: Known | None) -> None:
-        """After the commit-mark: the record's expiry, the retention schedule, the pin
-        and the recovery entries, in one batch (a large record on its own beside it).
-        Best effort: what a failure leaves, the next scan finishes (``_repair``)."""
-        due = known.due_ms if known else None
-        writes, rewrite = self._history.committed_writes(
-            intent.record, committed_ms, intent.created_at_ms, self._clock.now_ms()
-        )
-        writes += [
-            self._recovery.entry_removal(intent.key, int(due or intent.created_at_ms)),
-            self._recovery.created_removal(intent.key, intent.created_at_ms),
-        ]
-        if known is not None and known.quarantined:
-            writes.append(self._recovery.quarantine_removal(intent.key))
-        with contextlib.suppress(StoreError):
-            if intent.record.size_bytes() <= BATCHED_RECORD_BYTES:
-                await self._cql.write_batch([rewrite, *writes])
-            else:
-                await asyncio.gather(self._cql.write(*rewrite), self._cql.write_batch(writes))
+        await self._queue.finish(
+            intent.record, intent.key, committed_ms=committed_ms,
+            created_ms=intent.created_at_ms,
+            due_ms=int((known.due_ms if known else None) or intent.created_at_ms),
+            quarantined=known is not None and known.quarantined,
+        )  # fmt: skip
 
-    # --- the recovery queue ------------------------------------------------------------
+    # --- the recovery queue (queue.py) ---------------------------------------------------
 
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
     ) -> list[RecoveryItem]:
-        found: list[RecoveryItem] = []
-        if max_items <= 0:
-            return found
-        async for entries in self._recovery.due(older_than_ms, max_items):
-            for start in range(0, len(entries), JUDGE_CONCURRENCY):
-                chunk = entries[start : start + JUDGE_CONCURRENCY]
-                judged = await asyncio.gather(*(self._judge(e, older_than_ms) for e in chunk))
-                found += [item for item in judged if item is not None]
-                if len(found) >= max_items:
-                    return found[:max_items]
-        return found
-
-    async def _judge(self, entry: Entry, older_than_ms: int) -> RecoveryItem | None:
-        """The item of a due entry, or None after dealing with a stale one."""
-        key = entry.key
-        row = self._live(await self._row(key))
-        if row is None:
-            if entry.created_at_ms >= self._clock.now_ms() - ABSENT_ENTRY_GRACE_MS:
-                return None  # maybe a reserve in flight
-            await self._quietly(self._stale(entry, None))
-            return None
-        # An entry belongs to the intent created at its creation time; once committed
-        # (creation time dropped), to the one holding its seq. Never judged by message
-        # id: concurrent duplicates of a key that share a creation time write the same
-        # entry row, the loser's message id possibly last.
-        if row.get("state") == CommitState.COMMITTED.value:
-            if entry.seq is not None and row.get("seq") == entry.seq:
-                await self._repair(entry, row)
-            else:
-                await self._quietly(self._stale(entry, row))
-            return None
-        if row.get("created_at_ms") != entry.created_at_ms:
-            await self._quietly(self._stale(entry, row))
-            return None
-        if row.get("rq_quarantined"):
-            await self._into_quarantine(entry, row)
-            return None
-        due = int(row.get("rq_due_ms") or entry.created_at_ms)
-        if due != entry.due_ms:  # a defer that stopped before moving its entry
-            moved = Entry(due, *_key_of(key), entry.conversation, entry.seq, entry.message_id,
-                          entry.created_ms)  # fmt: skip
-            await self._cql.write_batch(self._recovery.entry_writes(moved))
-            await self._quietly([self._recovery.entry_removal(key, entry.due_ms)])
-            if due >= older_than_ms:
-                return None
-        return await self._item(key, row, quarantined=False)
-
-    def _stale(self, entry: Entry, row: Row | None) -> list[tuple[str, Params]]:
-        """Removals for an entry that belongs to no live intent (an orphan of a
-        reserve that never wrote its intent, or a lost duplicate's)."""
-        writes = [
-            self._recovery.entry_removal(entry.key, entry.due_ms),
-            self._recovery.created_removal(entry.key, entry.created_at_ms),
-        ]
-        seq, conversation = entry.seq, entry.conversation
-        if seq is not None and conversation is not None and (row is None or row.get("seq") != seq):
-            writes.append(pin_removal(entry.tenant, conversation, seq))
-        return writes
-
-    async def _repair(self, entry: Entry, row: Row) -> None:
-        """A commit whose bookkeeping batch never ran: write it now."""
-        conversation = row.get("conversation") or entry.conversation or ""
-        seq = int(row.get("seq") or 0)
-        record = await self._history.at(entry.tenant, conversation, seq)
-        if record is None or record.message_id != row.get("message_id"):
-            await self._quietly([self._recovery.entry_removal(entry.key, entry.due_ms)])
-            return
-        committed_ms = int(row.get("expires_at_ms") or 0) - self._settings.idempotency_window_ms
-        writes, rewrite = self._history.committed_writes(
-            record, committed_ms, entry.created_at_ms, self._clock.now_ms()
-        )
-        writes += [
-            self._recovery.entry_removal(entry.key, entry.due_ms),
-            self._recovery.created_removal(entry.key, entry.created_at_ms),
-        ]
-        await self._quietly([rewrite])
-        await self._quietly(writes)
-
-    async def _into_quarantine(self, entry: Entry, row: Row) -> None:
-        conversation = row.get("conversation") or ""
-        # Quarantined intents leave the creation view: the oldest-unfinished gauge
-        # watches what recovery can still finish, the quarantine has its own count.
-        await self._cql.write_batch(
-            [
-                self._recovery.quarantine_write(entry.key, entry.created_at_ms, conversation),
-                self._recovery.created_removal(entry.key, entry.created_at_ms),
-            ]
-        )
-        await self._quietly([self._recovery.entry_removal(entry.key, entry.due_ms)])
-
-    async def _item(self, key: CommitKey, row: Row, *, quarantined: bool) -> RecoveryItem:
-        """The queue item of an unfinished row; undecodable: no intent, a problem."""
-        created = int(row.get("created_at_ms") or 0)
-        conversation = str(row.get("conversation") or "")
-        attempts = int(row.get("rq_attempts") or 0)
-        problem = str(row.get("rq_problem") or "")
-        try:
-            intent = await self._unfinished(key, row)
-        except (StoreCorrupt, ValueError, TypeError, KeyError) as exc:
-            return RecoveryItem(key, conversation, created, attempts, None,
-                                problem or type(exc).__name__, quarantined)  # fmt: skip
-        return RecoveryItem(key, conversation, created, attempts, intent, problem, quarantined)
+        return await self._queue.scan(older_than_ms, max_items)
 
     async def defer_recovery(
         self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
     ) -> None:
-        row = self._live(await self._row(item.key))
-        if (
-            row is None
-            or row.get("state") == CommitState.COMMITTED.value
-            or row.get("created_at_ms") != item.created_at_ms
-        ):
-            return  # committed, or a new intent for this key since the scan
-        old_due = int(row.get("rq_due_ms") or item.created_at_ms)
-        due = self._clock.now_ms() + retry_after_ms
-        applied = await self._cql.cas(
-            "c.defer",
-            (item.attempts + 1, problem[:PROBLEM_CHARS], None if quarantine else due, quarantine,
-             *_key_of(item.key), item.created_at_ms),
-        )  # fmt: skip
-        if not applied:
-            return
-        entry = _entry_of_row(item.key, row, old_due)
-        if quarantine:
-            await self._into_quarantine(entry, row)
-            return
-        moved = Entry(due, *_key_of(item.key), entry.conversation, entry.seq, entry.message_id,
-                      entry.created_ms)  # fmt: skip
-        await self._cql.write_batch(self._recovery.entry_writes(moved))
-        if old_due != due:
-            await self._quietly([self._recovery.entry_removal(item.key, old_due)])
+        await self._queue.defer(
+            item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
+        )
 
     async def quarantined(self, after: str, limit: int) -> QuarantinePage:
-        items: list[RecoveryItem] = []
-        token = after
-        for _ in range(MAX_QUARANTINE_PAGES):
-            asked = max(1, limit - len(items))
-            rows = await self._recovery.quarantine_page(token, asked)
-            keys = [CommitKey(r["tenant"], r["sender"], r["cmid"]) for r in rows]
-            stored = await asyncio.gather(*(self._row(k) for k in keys))
-            for key, row in zip(keys, stored, strict=True):
-                live = self._live(row)
-                if (
-                    live is None
-                    or live.get("state") == CommitState.COMMITTED.value
-                    or not (live.get("rq_quarantined"))
-                ):
-                    await self._quietly([self._recovery.quarantine_removal(key)])
-                    continue
-                items.append(await self._item(key, live, quarantined=True))
-            if len(rows) < asked:
-                return QuarantinePage(tuple(items), "")
-            token = quarantine_token(keys[-1])
-            if len(items) >= limit:
-                return QuarantinePage(tuple(items), token)
-        return QuarantinePage(tuple(items), token)
+        return await self._queue.quarantined(after, limit)
 
     async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
-        row = self._live(await self._row(key))
-        if row is None or row.get("state") == CommitState.COMMITTED.value:
-            return None
-        return await self._item(key, row, quarantined=bool(row.get("rq_quarantined")))
+        return await self._queue.item(key)
 
     async def release_quarantined(self, key: CommitKey) -> bool:
-        row = self._live(await self._row(key))
-        if row is None or row.get("state") == CommitState.COMMITTED.value:
-            return False
-        if not row.get("rq_quarantined"):
-            return False
-        created = int(row.get("created_at_ms") or 0)
-        due = min(created, self._clock.now_ms())
-        if not await self._cql.cas("c.release", (due, *_key_of(key), created)):
-            return False
-        await self._cql.write_batch(
-            [
-                *self._recovery.entry_writes(_entry_of_row(key, row, due)),
-                *self._recovery.created_writes(key, created),
-            ]
-        )
-        await self._quietly([self._recovery.quarantine_removal(key)])
-        return True
+        return await self._queue.release(key)
 
     async def recovery_stats(self) -> RecoveryStats:
-        oldest, quarantined = await asyncio.gather(
-            self._recovery.oldest_created(self._clock.now_ms()),
-            self._recovery.quarantine_size(),
-        )
-        return RecoveryStats(oldest, quarantined)
+        return await self._queue.stats()
 
     # --- history, readiness ----------------------------------------------------------
 
@@ -689,16 +456,6 @@ class ScyllaMessageStore(MessageStore):
 
     async def close(self) -> None:
         await self._cql.close()
-
-
-def _entry_of_row(key: CommitKey, row: Row, due_ms: int) -> Entry:
-    seq = row.get("seq")
-    created = row.get("created_at_ms")
-    return Entry(
-        due_ms, *_key_of(key), row.get("conversation"),
-        int(seq) if seq is not None else None, row.get("message_id"),
-        int(created) if created is not None else None,
-    )  # fmt: skip
 
 
 def _same_coordinates(row: Row, record: MessageRecord) -> bool:

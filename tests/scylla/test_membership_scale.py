@@ -8,6 +8,7 @@ million members; docs/scylla.md has the timings of that run.)
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -65,3 +66,19 @@ async def test_a_10k_change_costs_the_same_at_10k_and_40k_members(
     page = await m.members_at(tenant, "big", 1, "", 1000)
     assert page.members == tuple(_users(0, 1000))
     assert len(await members(backend, tenant, "big", 5, page=1000)) == 5 * CALL
+
+
+async def test_concurrent_big_changes_of_one_conversation_all_settle(
+    scylla: ScyllaHarness,
+) -> None:
+    """Sixteen concurrent 5,000-user calls on one conversation in one replica (what a
+    bench's population set-up does): they go one after the other, each one version."""
+    backend = await scylla.open()
+    tenant = unique("t")
+    m = backend.membership
+    await m.create_conversation(tenant, "big", _users(0, 10))
+    calls = [_users(10 + i * 5000, 5000) for i in range(16)]
+    infos = await asyncio.gather(*(m.add_members(tenant, "big", users) for users in calls))
+    assert sorted(i.version for i in infos) == list(range(2, 18))
+    final = await m.membership_info(tenant, "big")
+    assert final is not None and (final.version, final.member_count) == (17, 10 + 16 * 5000)
