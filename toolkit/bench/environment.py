@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections import Counter
@@ -105,6 +106,21 @@ class Target:
         if not self.metrics_url:
             return None
         return await asyncio.to_thread(scrape_requests, self.metrics_url)
+
+    async def settled(self, quiet_s: float = 0.1, limit_s: float = 10.0) -> None:
+        """Wait until the in-process server's backend has sent nothing for ``quiet_s``
+        (at most ``limit_s``): a phase's closing counts then include the commits still
+        finishing when its clients stopped, on every counter alike (the wire's too)."""
+        if self.server is None:
+            return
+        deadline = time.monotonic() + limit_s
+        last = Counter(self.server.backend.requests)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(quiet_s)
+            now = Counter(self.server.backend.requests)
+            if now == last:
+                return
+            last = now
 
     async def close(self) -> None:
         if self.server is not None:

@@ -127,6 +127,7 @@ class BackendBench:
             result = await self.pool.run(jobs, self.progress.tick, limit)
         finally:
             self.progress.end()
+        await self.target.settled()
         return Round(result, _delta(before, await self.target.requests()))
 
     async def floor_phase(self, op: Callable[[], Awaitable[None]], label: str) -> Round:
