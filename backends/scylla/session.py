@@ -59,6 +59,7 @@ from cassandra.policies import (
     FallthroughRetryPolicy,
     TokenAwarePolicy,
 )
+from cassandra.protocol import ErrorMessage
 from cassandra.query import (
     BatchStatement,
     BatchType,
@@ -96,8 +97,10 @@ CONSISTENCY_LEVELS = (
     "LOCAL_ONE",
 )
 SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
-DRIVER_ERRORS = (DriverException, NoHostAvailable, ConnectionException, OSError)
-"""What the driver raises: its own exceptions are not all DriverExceptions."""
+DRIVER_ERRORS = (DriverException, NoHostAvailable, ConnectionException, ErrorMessage, OSError)
+"""What the driver raises: its own exceptions are not all DriverExceptions, and with
+no retry policy of its own a server error (overloaded, bootstrapping, a server
+error) arrives as the protocol's ErrorMessage itself."""
 
 RECONNECT_MAX_DELAY_S = 10.0
 """Longest pause between reconnection attempts to a node that went away."""

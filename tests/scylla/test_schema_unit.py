@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from cassandra import ConsistencyLevel, OperationTimedOut, ReadTimeout, Unavailable, WriteTimeout
+from cassandra import (
+    ConsistencyLevel,
+    DriverException,
+    OperationTimedOut,
+    ReadTimeout,
+    Unavailable,
+    WriteTimeout,
+)
+from cassandra.protocol import OverloadedErrorMessage
 
 from backends.scylla.schema import (
     MIGRATIONS,
@@ -12,7 +20,7 @@ from backends.scylla.schema import (
     create_keyspace,
     parse_replication,
 )
-from backends.scylla.session import _translate, consistency_level
+from backends.scylla.session import DRIVER_ERRORS, _translate, consistency_level
 from service.domain.errors import StoreInvalid, StoreOutcomeUnknown, StoreUnavailable
 
 
@@ -68,3 +76,9 @@ def test_driver_errors_map_by_what_is_known_about_the_write() -> None:
     assert type(_translate(Unavailable("t"), "cas")) is StoreOutcomeUnknown
     assert type(_translate(Unavailable("t"), "write")) is StoreUnavailable
     assert "127.0.0.1" not in str(_translate(OperationTimedOut("x", "127.0.0.1:9042"), "read"))
+    overloaded = OverloadedErrorMessage(0x1001, "overloaded at 127.0.0.1", None)
+    assert isinstance(overloaded, DRIVER_ERRORS) and not isinstance(overloaded, DriverException)
+    assert type(_translate(overloaded, "read")) is StoreUnavailable
+    assert type(_translate(overloaded, "write")) is StoreUnavailable
+    assert type(_translate(overloaded, "cas")) is StoreOutcomeUnknown
+    assert "127.0.0.1" not in str(_translate(overloaded, "cas"))
