@@ -76,6 +76,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             local_dc=config.scylla_local_dc or None,
             consistency=config.scylla_consistency,
             serial_consistency=config.scylla_serial_consistency,
+            node_routes=config.scylla_node_routes() or None,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 

@@ -95,6 +95,10 @@ class ServiceConfig:
     scylla_serial_consistency: str = "LOCAL_SERIAL"
     """Serial consistency of conditional (LWT) writes."""
 
+    scylla_node_proxies: tuple[str, ...] = field(default=(), metadata=_LIST)
+    """Comma-separated NODE=HOST:PORT routes: reach the CQL node whose address is
+    NODE through HOST:PORT (a proxy, e.g. for fault injection); other nodes directly."""
+
     idempotency_window: float = field(default=7 * 86400.0, metadata=_DURATION)
     """How long a committed key replays its ACK (default 7d)."""
 
@@ -172,6 +176,16 @@ class ServiceConfig:
             sender_rate_per_s=self.sender_rate_per_s,
             sender_burst=self.sender_burst,
         )
+
+    def scylla_node_routes(self) -> dict[str, tuple[str, int]]:
+        """``scylla_node_proxies`` as ``{node address: (host, port)}``."""
+        routes = {}
+        for item in self.scylla_node_proxies:
+            node, sep, target = item.partition("=")
+            if not sep or not node.strip():
+                raise ConfigError("MC_SCYLLA_NODE_PROXIES: each item must be NODE=HOST:PORT")
+            routes[node.strip()] = split_address(target.strip(), "MC_SCYLLA_NODE_PROXIES")
+        return routes
 
     def store_settings(self) -> StoreSettings:
         return StoreSettings(
@@ -352,6 +366,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError(
             "the scylla backend needs MC_SCYLLA_CONTACT_POINTS/--scylla-contact-points"
         )
+    config.scylla_node_routes()  # raises ConfigError for a malformed route
     split_address(config.grpc_address, "MC_GRPC_ADDRESS/--grpc-address")
     split_address(config.http_address, "MC_HTTP_ADDRESS/--http-address")
     if bool(config.tls_cert) != bool(config.tls_key):

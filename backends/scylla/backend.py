@@ -18,7 +18,7 @@ from backends.scylla.schema import (
     SCHEMA_VERSION,
     check_keyspace,
 )
-from backends.scylla.session import CqlSession
+from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
@@ -69,6 +69,7 @@ async def open_scylla_backend(
     serial_consistency: str = "LOCAL_SERIAL",
     request_timeout_s: float = 5.0,
     namespace: str = "",
+    node_routes: NodeRoutes | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -80,6 +81,9 @@ async def open_scylla_backend(
     recovery index and the outbox log, so that several deployments (or test
     cases) can share a keyspace. Every replica of one deployment must use the
     same value; the default "" suits one deployment per keyspace.
+
+    ``node_routes`` (``{node address: (host, port)}``) dials each mapped node
+    through its route, e.g. a fault-injection proxy (see ``session``).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
@@ -98,6 +102,7 @@ async def open_scylla_backend(
         consistency=consistency,
         serial_consistency=serial_consistency,
         request_timeout_s=request_timeout_s,
+        node_routes=node_routes,
     )
     try:
         require_version(await schema_version(cql))
