@@ -5,5 +5,6 @@ pytest_plugins = [
     "tests.servers.redis_server",
     "tests.servers.cql_server",
     "tests.servers.cql_cluster",
+    "tests.servers.redis_topologies",
     "tests.servers.toxiproxy_server",
 ]
