@@ -193,6 +193,9 @@ class _Conversation:
             if done.outcome == "not_found":
                 if held:
                     self.flag("record-without-intent", f"key {key} recorded, intent not found")
+            elif done.outcome == "error" and done.code == "ALREADY_EXISTS":
+                if not held or held[0].digest == op.digest:
+                    self.flag("unfinished", f"key {key}: refused as a conflict, but not held")
             elif done.outcome != "ok":
                 self.flag("unfinished", f"key {key}: resume after recovery: {done.reason}")
             elif not held or held[0].seq != done.seq or held[0].message_id != done.message_id:
