@@ -47,6 +47,8 @@ def memory_harness() -> MemoryHarness:
         pytest.param("memory", marks=pytest.mark.memory),
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("scylla", marks=pytest.mark.scylla),
+        # a three-node cluster, RF 3, QUORUM / SERIAL (tests/servers/cql_cluster.py)
+        pytest.param("scylla_cluster", marks=pytest.mark.cluster),
     ]
 )
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
