@@ -13,13 +13,16 @@ import pytest
 from tests.e2e.process import run_cli_bounded
 
 pytestmark = pytest.mark.redis
+KINDS = ("kill-node", "pause-node", "latency", "timeout", "reset-peer", "kill-replica")
+# Seed 3 with these kinds, 18 s and faults of at most 2.5 s fires every kind in two schedules.
 
 
 def test_the_nemesis_smoke_finds_no_anomaly(tmp_path: Path) -> None:
     began = time.monotonic()
     result = run_cli_bounded(
-        ["nemesis", "--backend", "redis", "--schedules", "2", "--duration", "14",
-         "--seed", "11", "--clients", "6", "--keep-dir", str(tmp_path)],
+        ["nemesis", "--backend", "redis", "--schedules", "2", "--duration", "18",
+         "--max-fault-seconds", "2.5", "--seed", "3", "--faults", ",".join(KINDS),
+         "--clients", "6", "--keep-dir", str(tmp_path)],
         timeout=300,
     )  # fmt: skip
     print(result.stdout[-3000:])
@@ -28,7 +31,7 @@ def test_the_nemesis_smoke_finds_no_anomaly(tmp_path: Path) -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[-1] == "anomalies: 0 (checker), 0 (porcupine)"
     fired = next(line for line in lines if line.startswith("faults fired over"))
-    for kind in ("kill-node", "pause-node", "latency", "timeout", "reset-peer", "kill-replica"):
+    for kind in KINDS:
         assert re.search(rf"\b{kind} x\d+", fired), fired
     acks = [int(n) for n in re.findall(r"acks (\d+)", result.stdout)]
     assert len(acks) == 2 and min(acks) > 0

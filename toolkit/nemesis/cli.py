@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", type=int, default=1)
     p.add_argument("--duration", type=float, default=30.0, help="seconds of faults per schedule")
     p.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
+    p.add_argument("--max-fault-seconds", type=float, default=8.0, help="longest fault")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--conversations", type=int, default=4)
@@ -177,7 +178,7 @@ class Nemesis:
         conversations = await self.create_conversations(tenant)
         path = self.work / f"schedule-{seed}.jsonl"
         history = HistoryWriter(path)
-        faults = make_schedule(seed, self.kinds(), a.duration)
+        faults = make_schedule(seed, self.kinds(), a.duration, a.max_fault_seconds)
         print(f"schedule seed {seed}: {len(faults)} faults", flush=True)
         for f in faults:
             print(f"  {f.describe()}")

@@ -44,7 +44,9 @@ class FaultKind:
     most: int = 1
 
 
-def make_schedule(seed: int, kinds: list[FaultKind], duration_s: float) -> list[Fault]:
+def make_schedule(
+    seed: int, kinds: list[FaultKind], duration_s: float, max_fault_s: float = MAX_FAULT_S
+) -> list[Fault]:
     """The faults of one schedule, in time order, all ending before ``duration_s``."""
     rng = random.Random(seed)
     order = rng.sample(kinds, len(kinds))
@@ -52,7 +54,7 @@ def make_schedule(seed: int, kinds: list[FaultKind], duration_s: float) -> list[
     t = FIRST_FAULT_S
     while kinds:
         kind = order.pop(0) if order else rng.choice(kinds)
-        length = rng.uniform(MIN_FAULT_S, MAX_FAULT_S)
+        length = rng.uniform(MIN_FAULT_S, max(MIN_FAULT_S, max_fault_s))
         if t + length > duration_s - END_MARGIN_S:
             length = duration_s - END_MARGIN_S - t
             if length < MIN_FAULT_S:
