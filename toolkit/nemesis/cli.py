@@ -100,8 +100,10 @@ class Nemesis:
         kinds = [*self.topology.fault_kinds(), FaultKind("kill-replica", len(self.replicas))]
         if supports(CLOCK_ENV):
             kinds.append(FaultKind("clock-offset", len(self.replicas)))
-        elif "clock-offset: not supported by this build" not in self.unsupported:
-            self.unsupported.append(f"clock-offset: not supported by this build ({CLOCK_ENV})")
+        else:
+            note = f"clock-offset: not supported by this build (serve does not read {CLOCK_ENV})"
+            if note not in self.unsupported:
+                self.unsupported.append(note)
         wanted = {k for k in self.args.faults.split(",") if k}
         return [k for k in kinds if not wanted or k.name in wanted]
 
@@ -204,7 +206,7 @@ class Nemesis:
         await work.close()
         history.close()
         own = checker.check(load_file(path))
-        html = self.work / f"schedule-{seed}-porcupine.html"
+        html = self.work / f"schedule-{seed}-porcupine.html" if a.keep_dir else None
         por = await asyncio.to_thread(linearizability.run, path, html)
         counts = work.counts
         fired = ", ".join(f"{k} x{n}" for k, n in sorted(fault_counts(path).items())) or "none"
