@@ -14,8 +14,8 @@ A cluster that cannot start fails the tests with its log tail; they are never sk
 Fixtures: ``cql_cluster`` (session: hosts, port, the launcher when started here),
 ``cql_cluster_keyspace`` (session: a fresh keyspace with replication factor 3,
 migrated once), ``scylla_cluster_harness`` (per test: backends on it at QUORUM with
-SERIAL conditional writes), ``own_cql_cluster`` (per test: a cluster the test may
-kill, pause and restart nodes of: the session's own when this plugin started it).
+SERIAL conditional writes). ``start_cluster`` gives a test a cluster of its own
+(``tests/scylla/test_cross_dc.py`` starts a two-DC one).
 """
 
 from __future__ import annotations
@@ -159,21 +159,3 @@ def scylla_cluster_harness(
 ) -> ScyllaClusterHarness:
     """A harness on the session's cluster keyspace (closed by whoever opens backends)."""
     return ScyllaClusterHarness(cql_cluster.hosts, cql_cluster.port, cql_cluster_keyspace)
-
-
-@pytest.fixture
-def own_cql_cluster(cql_cluster: ClusterServer, tmp_path: Path) -> Iterator[ClusterServer]:
-    """A cluster whose nodes this test may kill, pause and restart: the session's own when
-    this plugin started it (every node running again afterwards), else a private one."""
-    if cql_cluster.cluster is not None:
-        yield cql_cluster
-        for node in cql_cluster.cluster.nodes:
-            node.resume()
-        cql_cluster.cluster.start(START_TIMEOUT_S)  # starts only the stopped nodes
-        return
-    server = start_cluster(tmp_path / "cluster")
-    try:
-        yield server
-    finally:
-        assert server.cluster is not None
-        server.cluster.stop()
