@@ -22,12 +22,13 @@ from toolkit.nemesis.toxiproxy import free_port
 START_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 15.0
 SERVING = "serving gRPC on"
-SERVICE_SOURCE = Path(__file__).resolve().parents[2] / "service"
+REPO = Path(__file__).resolve().parents[2]
 
 
-def supports(variable: str) -> bool:
-    """Whether the service code of this build reads the environment variable ``variable``."""
-    return any(variable in p.read_text(errors="replace") for p in SERVICE_SOURCE.rglob("*.py"))
+def supports(text: str, package: str = "service") -> bool:
+    """Whether this build's ``package`` source mentions ``text`` (an environment variable
+    it reads, a URL scheme it accepts): test-only hooks that builds may lack."""
+    return any(text in p.read_text(errors="replace") for p in (REPO / package).rglob("*.py"))
 
 
 def serve_command() -> list[str]:
