@@ -17,6 +17,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== go vet + go test (the nemesis's porcupine checker)"
+(cd toolkit/nemesis/porcupine && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test ./...)
 echo "== pytest"
 if [ $# -eq 0 ]; then set -- -m "not (cluster and slow)"; fi
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
