@@ -31,7 +31,9 @@ import time
 import uuid
 from pathlib import Path
 
+from service.api.errors import ConversationExists
 from service.client import NO_RETRY, CommitClient
+from service.domain.errors import CommitError
 from toolkit.nemesis import checker, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
 from toolkit.nemesis.replicas import Replica, supports
@@ -171,9 +173,9 @@ class Nemesis:
                     try:
                         await client.create_conversation(tenant, name, SENDERS)
                         break
-                    except Exception as exc:
-                        if type(exc).__name__ == "ConversationExists":
-                            break
+                    except ConversationExists:  # a lost reply to an earlier attempt
+                        break
+                    except CommitError:
                         await asyncio.sleep(1.0)
         return names
 
@@ -187,8 +189,8 @@ class Nemesis:
         print(f"schedule seed {seed}: {len(faults)} faults", flush=True)
         for f in faults:
             print(f"  {f.describe()}")
-        work = Workload(tenant, conversations, [r.target for r in self.replicas], history,
-                        random.Random(seed), sabotage=bool(a.sabotage))  # fmt: skip
+        targets = [r.target for r in self.replicas]
+        work = Workload(tenant, conversations, targets, history, random.Random(seed))
         work.open()
         stop = asyncio.Event()
         began = time.monotonic()

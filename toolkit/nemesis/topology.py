@@ -198,6 +198,7 @@ class RedisTopology(Topology):
             self.nodes = [module.RedisNode(work / "redis")]
         self.prefix = f"mc-nemesis-{uuid.uuid4().hex[:8]}"
         self.proxy_port = 0
+        self._victim: Any = None  # the master a kill-master / pause-master hit
 
     def fault_kinds(self) -> list[FaultKind]:
         if self.kind == "sentinel":  # faults of whichever node is master at the time

@@ -52,7 +52,6 @@ class Workload:
     targets: list[str]
     history: HistoryWriter
     rng: random.Random
-    sabotage: bool = False
     sent: list[AuthenticatedSend] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     stubs: list[committer_pb2_grpc.MessageCommitterServiceStub] = field(default_factory=list)
