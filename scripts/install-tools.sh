@@ -5,6 +5,7 @@
 #   .tools/bin/grpcurl                 calls the service through reflection
 #   .tools/bin/grpc-health-probe       the Kubernetes-style health probe
 #   .tools/bin/toxiproxy-server        the TCP fault proxy of the nemesis (latency, resets)
+#   .tools/bin/ghz                     a gRPC load generator (scripts/big-groups-public-tools.sh)
 # Idempotent: a tool already there is left alone. Needs npm and go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ BUF_VERSION=${BUF_VERSION:-1.75.0}
 GRPCURL_VERSION=${GRPCURL_VERSION:-v1.9.4}
 HEALTH_PROBE_VERSION=${HEALTH_PROBE_VERSION:-v0.4.63}
 TOXIPROXY_VERSION=${TOXIPROXY_VERSION:-v2.5.0}
+GHZ_VERSION=${GHZ_VERSION:-v0.93.0}
 
 mkdir -p .tools/bin
 # The folder ignores itself, so nothing installed here is ever committed.
@@ -47,8 +49,10 @@ fi
 if [ -f toolkit/nemesis/porcupine/go.mod ]; then
   (cd toolkit/nemesis/porcupine && GOFLAGS=-mod=mod go mod download)
 fi
+go_tool ghz github.com/bojand/ghz/cmd/ghz "$GHZ_VERSION"
 
 .tools/node_modules/.bin/buf --version >/dev/null
 .tools/bin/grpcurl -version >/dev/null 2>&1
 .tools/bin/grpc-health-probe -version >/dev/null 2>&1
 .tools/bin/toxiproxy-server -version >/dev/null 2>&1
+.tools/bin/ghz --version >/dev/null 2>&1

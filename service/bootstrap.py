@@ -21,11 +21,13 @@ import signal
 
 from service.config import ConfigError, ServiceConfig, StartupError
 from service.domain.committer import MessageCommitter
-from service.domain.errors import StoreSchemaError
+from service.domain.errors import StoreSchemaError, StoreUnavailable
 from service.domain.faults import FaultPoints
-from service.domain.ports import Backend, Clock, SystemClock
+from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
+from service.eventloop import running_loop_name
 from service.metrics import ServiceMetrics, instrument
 from service.server import CommitServer
+from service.tracing import OFF, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,14 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
     if config.backend == "redis":
         from backends.redis import open_redis_backend
 
-        return await open_redis_backend(
+        return await open_redis_backend(  # Redis decides time itself (TIME)
             config.redis_url,
             prefix=config.redis_prefix,
             settings=settings,
-            clock=clock,
             max_connections=config.redis_max_connections,
+            allow_eviction=config.redis_allow_eviction,
+            wait_replicas=config.redis_wait_replicas,
+            wait_timeout_ms=int(config.redis_wait_timeout * 1000),
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
@@ -75,10 +79,25 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             password=config.scylla_password or None,
             local_dc=config.scylla_local_dc or None,
             consistency=config.scylla_consistency,
-            serial_consistency=config.scylla_serial_consistency,
+            serial_consistency="LOCAL_SERIAL"
+            if config.scylla_single_dc_conversations
+            else "SERIAL",
+            clock=clock,  # Scylla decides expiry by this clock, checked against the cluster
+            max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
             node_routes=config.scylla_node_routes() or None,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
+
+
+def replica_clock(config: ServiceConfig) -> Clock:
+    """This replica's clock: the system's, or a deliberately skewed one (tests only)."""
+    if config.test_clock_offset:
+        log.warning(
+            "MC_TEST_CLOCK_OFFSET is set: this replica's clock is %+.3fs off, for tests only",
+            config.test_clock_offset,
+        )
+        return OffsetClock(int(config.test_clock_offset * 1000))
+    return SystemClock()
 
 
 async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Backend:
@@ -90,10 +109,11 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
             backend = await _open(config, clock or SystemClock())
     except StartupError:
         raise
-    except StoreSchemaError:
-        raise ConfigError(
-            f"{where} has no schema of this version: run `message-committer migrate` first"
-        ) from None
+    except StoreSchemaError as exc:  # its texts are ours: they say what to run
+        raise ConfigError(f"{where} is not ready for this version: {exc}") from None
+    except StoreUnavailable as exc:
+        hint = f": {exc.operator_hint}" if exc.operator_hint else ""
+        raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}{hint}") from None
     except Exception as exc:  # fail closed on anything, naming the type only
         raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}") from None
     try:
@@ -102,7 +122,9 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
             await backend.outbox.readiness()
     except Exception as exc:
         await backend.close()
-        raise BackendUnreachable(f"{where} does not answer: {type(exc).__name__}") from None
+        hint = getattr(exc, "operator_hint", "")
+        hint = f": {hint}" if hint else ""
+        raise BackendUnreachable(f"{where} does not answer: {type(exc).__name__}{hint}") from None
     if not backend.durable:
         log.warning(NOT_DURABLE_WARNING)
     log.info("backend %s opened (%d host(s))", name, hosts)
@@ -115,12 +137,15 @@ def build_server(
     *,
     clock: Clock | None = None,
     faults: FaultPoints | None = None,
+    tracing: Tracing = OFF,
 ) -> CommitServer:
-    """Wire one replica: metrics, the instrumented store, the committer, the server."""
+    """Wire one replica: metrics, the instrumented (and, tracing on, traced) store,
+    the committer, the server."""
     clock = clock or SystemClock()
     metrics = ServiceMetrics()
     metrics.describe_backend(backend.name, backend.durable, backend.requests)
-    store = instrument(backend.store, metrics)
+    backend = tracing.wrap_backend(backend)
+    store = instrument(backend.store, metrics, tracing.store_span(backend.name))
     committer = MessageCommitter(
         store,
         backend.membership,
@@ -129,8 +154,17 @@ def build_server(
         faults=faults,
         clock=clock,
         observer=metrics,
+        recovery=config.recovery_policy(),
     )
-    return CommitServer(config, backend, committer, store, metrics, clock)
+    return CommitServer(
+        config,
+        backend,
+        committer,
+        store,
+        metrics,
+        clock,
+        interceptors=tracing.server_interceptors(),
+    )
 
 
 GC_THRESHOLDS = (10_000, 10, 10)
@@ -151,16 +185,25 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(config: ServiceConfig) -> int:
-    """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
-    backend = await open_backend(config)
-    server = build_server(config, backend)
+async def serve(config: ServiceConfig, tracing: Tracing = OFF) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code.
+
+    ``tracing`` must be set up before (it instruments redis-py globally, so
+    before the backend opens its client); the caller flushes it afterwards."""
+    clock = replica_clock(config)
+    backend = await open_backend(config, clock)
+    server = build_server(config, backend, clock=clock, tracing=tracing)
     try:
         await server.start()
     except BaseException:
         await backend.close()
         raise
     tune_gc()
+    log.info(
+        "event loop %s, tracing %s",
+        running_loop_name(),
+        "on (OTLP)" if tracing.enabled else "off",
+    )
     log.info(
         "serving gRPC on %s (port %d, %s), HTTP on port %d",
         config.grpc_address.rpartition(":")[0],

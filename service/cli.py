@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from service import config as service_config
+from service import eventloop, logformat
 from service.api.errors import RemoteError, rule_for
-from service.client import ClientTls, CommitClient, MembershipChange, RetryPolicy
+from service.client import ClientTls, CommitClient, MembershipChange, QueuedIntent, RetryPolicy
 from service.config import StartupError, parse_duration
 from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
@@ -45,11 +46,12 @@ from service.domain.model import (
     MessageContent,
     MessageType,
 )
+from service.tracing import from_environment
 
 PROG = "message-committer"
 
 DELEGATED: dict[str, tuple[str, str]] = {
-    "migrate": ("backends.scylla.migrate", "create or upgrade the Scylla schema"),
+    "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
     "fault-campaign": (
@@ -139,6 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_argument("--max-items", type=int, default=0, help="at most (0: 100)")
     recover.set_defaults(call=_recover)
 
+    quarantine = commands.add_parser(
+        "quarantine", help="list, inspect and retry quarantined intents (the recovery queue)"
+    )
+    q_actions = quarantine.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q_list = _client_parser(q_actions, "list", "list every quarantined intent", tenant=False)
+    q_list.add_argument("--page-size", type=int, default=0, help="items per page (0: 100)")
+    q_list.set_defaults(call=_quarantine_list)
+    for action, helptext, call in (
+        ("show", "show the recovery-queue entry of one key", _quarantine_show),
+        ("retry", "take one key out of quarantine and finish it now", _quarantine_retry),
+    ):
+        q = _client_parser(q_actions, action, helptext, tenant=False)
+        q.add_argument("--tenant", required=True)
+        q.add_argument("--sender", required=True)
+        q.add_argument("--cmid", required=True, help="the client_message_id of the key")
+        q.set_defaults(call=call)
+
     health = _client_parser(commands, "health", "ask the server's health service", tenant=False)
     health.add_argument("--service", default="", help="a service name ('' = the server)")
     health.set_defaults(call=_health)
@@ -188,14 +207,14 @@ def _send_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    json_errors = (args.log_format or os.environ.get("MC_LOG_FORMAT", "")).strip() == "json"
     try:
         config = service_config.load(vars(args), os.environ)
+        tracing = from_environment(os.environ)  # before the backend opens: it patches redis-py
     except StartupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        return _startup_failed(exc, json_errors)
+    logformat.configure(
+        config.log_level, config.log_format, tracing.trace_ids if tracing.enabled else None
     )
     if config.log_level.upper() != "DEBUG":
         # The CQL driver logs node addresses (reconnects, refused connections);
@@ -204,10 +223,19 @@ def _serve(args: argparse.Namespace) -> int:
     from service.bootstrap import serve  # the composition root, only for serve
 
     try:
-        return asyncio.run(serve(config))
+        return eventloop.run(serve(config, tracing), config.event_loop)
     except StartupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _startup_failed(exc, config.log_format == "json")
+    finally:
+        tracing.shutdown()
+
+
+def _startup_failed(exc: StartupError, as_json: bool) -> int:
+    """One line on stderr naming the rule broken (JSON when the log is JSON)."""
+    text = f"{PROG}: {exc}"
+    line = logformat.json_line(logging.ERROR, "service.cli", text) if as_json else text
+    print(line, file=sys.stderr)
+    return exc.exit_code
 
 
 # --- client commands ----------------------------------------------------------------
@@ -323,8 +351,32 @@ async def _recover(client: CommitClient, args: argparse.Namespace) -> dict[str, 
     older_than = 0
     if args.grace:
         older_than = int(datetime.now(UTC).timestamp() * 1000 - args.grace * 1000)
-    recovered = await client.recover_due(older_than, args.max_items)
-    return {"recovered": recovered}
+    report = await client.recover_due(older_than, args.max_items)
+    return {
+        "scanned": report.scanned,
+        "recovered": report.committed,
+        "failed": report.failed,
+        "quarantined": report.quarantined,
+    }
+
+
+async def _quarantine_list(client: CommitClient, args: argparse.Namespace) -> list[QueuedIntent]:
+    items: list[QueuedIntent] = []
+    token = ""
+    for _ in range(10_000):  # bounded: 10,000 pages
+        page, token = await client.list_quarantined(page_size=args.page_size, page_token=token)
+        items += page
+        if not token:
+            break
+    return items
+
+
+async def _quarantine_show(client: CommitClient, args: argparse.Namespace) -> QueuedIntent:
+    return await client.recovery_item(CommitKey(args.tenant, args.sender, args.cmid))
+
+
+async def _quarantine_retry(client: CommitClient, args: argparse.Namespace) -> CommittedMessage:
+    return await client.retry_quarantined(CommitKey(args.tenant, args.sender, args.cmid))
 
 
 async def _health(client: CommitClient, args: argparse.Namespace) -> dict[str, str]:
@@ -336,7 +388,7 @@ async def _health(client: CommitClient, args: argparse.Namespace) -> dict[str, s
 
 def _render(result: object, *, as_json: bool) -> str:
     if as_json:
-        data = asdict(result) if hasattr(result, "__dataclass_fields__") else result  # type: ignore[call-overload]
+        data = _plain(result)
         return json.dumps(data, default=_json_default, sort_keys=True)
     if isinstance(result, CommittedMessage):
         return (
@@ -353,7 +405,24 @@ def _render(result: object, *, as_json: bool) -> str:
         )
     if isinstance(result, dict):
         return "  ".join(f"{k}={_flat(v)}" for k, v in result.items())
+    if isinstance(result, QueuedIntent):
+        return _render_queued(result)
+    if isinstance(result, list):
+        if not result:
+            return "no quarantined intents"
+        return "\n".join(
+            _render_queued(i) if isinstance(i, QueuedIntent) else str(i) for i in result
+        )
     return str(result)
+
+
+def _render_queued(item: QueuedIntent) -> str:
+    where = "quarantined" if item.quarantined else "queued"
+    return (
+        f"{where:<11} {item.key} conversation={item.conversation} state={item.state}"
+        f" seq={item.seq or '-'} attempts={item.attempts} since={_time(item.created_at_ms)}"
+        f" problem={item.problem or '-'}"
+    )
 
 
 def _render_page(page: HistoryPage) -> str:
@@ -373,6 +442,14 @@ def _render_page(page: HistoryPage) -> str:
         kind = c.custom_type or c.message_type.value
         lines.append(f"  #{r.seq:<6} {_time(r.server_ts_ms)} {r.sender:<12} {kind:<8} {body}")
     return "\n".join(lines)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)  # type: ignore[call-overload]
+    return value
 
 
 def _flat(value: object) -> str:

@@ -40,9 +40,15 @@ from service.domain.model import (
     HistoryPage,
     HistoryQuery,
     MemberPage,
+    RecoveryReport,
 )
 from service.gen.message_committer.v1 import committer_pb2 as pb
-from service.gen.message_committer.v1 import committer_pb2_grpc, membership_pb2_grpc
+from service.gen.message_committer.v1 import (
+    committer_pb2_grpc,
+    membership_pb2_grpc,
+    recovery_pb2,
+    recovery_pb2_grpc,
+)
 from service.gen.message_committer.v1 import membership_pb2 as mpb
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -102,6 +108,7 @@ class CommitClient:
         self._retry = retry or RetryPolicy()
         self._commits = committer_pb2_grpc.MessageCommitterServiceStub(channel)
         self._members = membership_pb2_grpc.ConversationMembershipServiceStub(channel)
+        self._recovery = recovery_pb2_grpc.RecoveryAdminServiceStub(channel)
         self._health_check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -195,10 +202,11 @@ class CommitClient:
         response = await self._call(self._commits.ResumeExisting, request)
         return convert.committed_from_proto(response.message) if response.found else None
 
-    async def recover_due(self, older_than_ms: int = 0, max_items: int = 0) -> int:
-        """Recover intents created before ``older_than_ms`` (0: the server's now)."""
+    async def recover_due(self, older_than_ms: int = 0, max_items: int = 0) -> RecoveryReport:
+        """Work the recovery queue: intents due before ``older_than_ms`` (0: the server's now)."""
         request = pb.RecoverDueRequest(older_than_ms=older_than_ms, max_items=max_items)
-        return (await self._call(self._commits.RecoverDue, request)).recovered
+        r = await self._call(self._commits.RecoverDue, request)
+        return RecoveryReport(r.scanned, r.recovered, r.failed, r.quarantined)
 
     async def history(self, query: HistoryQuery) -> HistoryPage:
         request = convert.history_query_to_proto(query)
@@ -241,6 +249,31 @@ class CommitClient:
         response = await self._call(self._members.ListMembers, request)
         return MemberPage(tuple(response.members), response.version, response.next_page_token)
 
+    # --- RecoveryAdminService --------------------------------------------------------
+
+    async def list_quarantined(
+        self, *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[QueuedIntent], str]:
+        """One page of quarantined intents and the next page's token ("" at the end)."""
+        request = recovery_pb2.ListQuarantinedRequest(page_size=page_size, page_token=page_token)
+        response = await self._call(self._recovery.ListQuarantined, request)
+        return [_queued(i) for i in response.items], response.next_page_token
+
+    async def recovery_item(self, key: CommitKey) -> QueuedIntent:
+        """The recovery-queue entry of ``key`` (NOT_FOUND: no unfinished intent)."""
+        request = recovery_pb2.GetRecoveryItemRequest(
+            tenant=key.tenant, sender=key.sender, client_message_id=key.cmid
+        )
+        return _queued((await self._call(self._recovery.GetRecoveryItem, request)).item)
+
+    async def retry_quarantined(self, key: CommitKey) -> CommittedMessage:
+        """Take ``key`` out of quarantine and finish it now (not retried by the client)."""
+        request = recovery_pb2.RetryQuarantinedRequest(
+            tenant=key.tenant, sender=key.sender, client_message_id=key.cmid
+        )
+        response = await self._call(self._recovery.RetryQuarantined, request, retry=False)
+        return convert.committed_from_proto(response.message)
+
     # --- health -------------------------------------------------------------------
 
     async def health(self, service: str = "") -> str:
@@ -248,6 +281,38 @@ class CommitClient:
         request = health_pb2.HealthCheckRequest(service=service)
         response = await self._call(self._health_check, request, retry=False)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedIntent:
+    """An entry of the recovery queue as an operator sees it (never content)."""
+
+    key: CommitKey
+    conversation: str
+    created_at_ms: int
+    attempts: int
+    quarantined: bool
+    problem: str
+    decodable: bool
+    state: str
+    seq: int
+    message_id: str
+
+
+def _queued(msg: recovery_pb2.RecoveryItem) -> QueuedIntent:
+    state = recovery_pb2.IntentState.Name(msg.state).removeprefix("INTENT_STATE_").lower()
+    return QueuedIntent(
+        key=CommitKey(msg.tenant, msg.sender, msg.client_message_id),
+        conversation=msg.conversation,
+        created_at_ms=msg.created_at_ms,
+        attempts=msg.attempts,
+        quarantined=msg.quarantined,
+        problem=msg.problem,
+        decodable=msg.decodable,
+        state=state if msg.decodable else "undecodable",
+        seq=msg.seq,
+        message_id=msg.message_id,
+    )
 
 
 def _change(msg: mpb.MembershipVersion) -> MembershipChange:

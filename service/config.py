@@ -27,10 +27,15 @@ from typing import Any
 
 from service.domain.limits import CommitLimits
 from service.domain.ports import StoreSettings
+from service.domain.recovery import RecoveryPolicy
 
 BACKENDS = ("memory", "redis", "scylla")
+LOG_FORMATS = ("text", "json")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 _LIMITS = CommitLimits()
 _DURATION = {"kind": "duration"}
+_SIGNED_DURATION = {"kind": "signed_duration"}
+_BOOL = {"kind": "bool"}
 _SECRET = {"secret": True}
 _LIST = {"kind": "list"}
 
@@ -71,6 +76,19 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
+    redis_wait_replicas: int = 0
+    """Replicas that must hold a commit before it is acknowledged (Redis WAIT); 0 acks
+    what the primary holds, which an asynchronous failover can lose."""
+
+    redis_wait_timeout: float = field(default=1.0, metadata=_DURATION)
+    """How long a commit waits for those replicas before it answers UNAVAILABLE
+    (recoverable: a retry of the same key waits again)."""
+
+    redis_allow_eviction: bool = field(default=False, metadata=_BOOL)
+    """Serve even when Redis's maxmemory-policy is not noeviction. Evicting Redis
+    loses committed records and counters (a retried send then becomes a second
+    message); only for throwaway data. Logged loudly at start-up."""
+
     scylla_contact_points: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated CQL contact points (host names or IPs), required for scylla."""
 
@@ -92,8 +110,16 @@ class ServiceConfig:
     scylla_consistency: str = "LOCAL_QUORUM"
     """Consistency level of regular reads and writes."""
 
-    scylla_serial_consistency: str = "LOCAL_SERIAL"
-    """Serial consistency of conditional (LWT) writes."""
+    scylla_single_dc_conversations: bool = field(default=False, metadata=_BOOL)
+    """Conditional writes use SERIAL (the default). True switches them to LOCAL_SERIAL,
+    which is only safe when every write of a conversation (every send and every retry,
+    also after a failover) comes from one data centre: a send retried in another DC
+    could get a second seq and a second ACK. Saves the cross-DC round trips of each
+    Paxos phase."""
+
+    scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
+    """Largest difference between this replica's clock and the cluster's that it
+    serves with; checked at start-up and by every readiness probe."""
 
     scylla_node_proxies: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated NODE=HOST:PORT routes: reach the CQL node whose address is
@@ -129,6 +155,16 @@ class ServiceConfig:
     recovery_batch: int = 100
     """Intents per recover_due call (at most 10 calls per run)."""
 
+    recovery_first_retry: float = field(default=10.0, metadata=_DURATION)
+    """Delay before an intent whose recovery failed is tried again; doubles each time."""
+
+    recovery_max_retry: float = field(default=3600.0, metadata=_DURATION)
+    """Longest delay between two recovery attempts of one intent."""
+
+    recovery_quarantine_after: int = 8
+    """Failed recovery attempts after which an intent is quarantined (kept, never
+    ACKed, listed by `message-committer quarantine list`)."""
+
     readiness_interval: float = field(default=5.0, metadata=_DURATION)
     """How often the backend is probed for readiness."""
 
@@ -140,6 +176,14 @@ class ServiceConfig:
 
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
+
+    log_format: str = "text"
+    """text (one readable line per record, for a terminal) or json (one JSON object
+    per line: time, level, logger, message, and trace_id/span_id inside a traced call)."""
+
+    event_loop: str = "auto"
+    """auto (uvloop when it is installed, else asyncio), asyncio or uvloop (fails to
+    start when uvloop is not installed)."""
 
     max_inline_body_bytes: int = _LIMITS.max_inline_body_bytes
     """Largest inline message body; larger bodies go by reference."""
@@ -164,6 +208,10 @@ class ServiceConfig:
 
     sender_burst: int = _LIMITS.sender_burst
     """Sends a sender may make at once before the rate applies."""
+
+    test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
+    """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to
+    show what a skewed host does. Never set it in production."""
 
     def limits(self) -> CommitLimits:
         return CommitLimits(
@@ -191,6 +239,13 @@ class ServiceConfig:
         return StoreSettings(
             idempotency_window_ms=int(self.idempotency_window * 1000),
             history_retention_ms=int(self.history_retention * 1000),
+        )
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        return RecoveryPolicy(
+            first_retry_ms=int(self.recovery_first_retry * 1000),
+            max_retry_ms=int(self.recovery_max_retry * 1000),
+            quarantine_after=self.recovery_quarantine_after,
         )
 
 
@@ -241,8 +296,10 @@ class Option:
             return "none"
         if isinstance(value, tuple):
             return ",".join(value)
-        if self.parse is parse_duration and isinstance(value, float):
+        if self.parse in (parse_duration, parse_signed_duration) and isinstance(value, float):
             return format_duration(value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
         return str(value)
 
 
@@ -278,8 +335,34 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
+def parse_signed_duration(text: str) -> float:
+    """``parse_duration`` with an optional leading ``-``."""
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        return -parse_duration(stripped[1:])
+    return parse_duration(stripped)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off), case-insensitive."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
 def format_duration(seconds: float) -> str:
     """The shortest exact spelling of ``seconds`` in the largest unit ("7d")."""
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds == 0:
+        return "0s"
     for unit in ("d", "h", "m", "s", "ms"):
         count = seconds / _UNITS[unit]
         if count >= 1 and count == int(count):
@@ -296,6 +379,8 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "int": int,
     "float": float,
     "duration": parse_duration,
+    "signed_duration": parse_signed_duration,
+    "bool": parse_bool,
     "list": _parse_list,
 }
 
@@ -304,6 +389,8 @@ _EXPECTED: dict[Callable[[str], object], str] = {
     int: "an integer",
     float: "a number",
     parse_duration: "a duration such as 250ms, 30s, 15m, 24h or 7d",
+    parse_signed_duration: "a duration such as 30s or -2d",
+    parse_bool: "true or false",
 }
 
 
@@ -379,17 +466,31 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40):
         raise ConfigError("MC_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError("MC_LOG_FORMAT/--log-format must be text or json")
+    if config.event_loop not in EVENT_LOOPS:
+        raise ConfigError("MC_EVENT_LOOP/--event-loop must be auto, asyncio or uvloop")
     positive = (
         "idempotency_window", "history_retention", "max_message_bytes", "recovery_interval",
         "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
         "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
+        "recovery_first_retry", "recovery_max_retry", "recovery_quarantine_after",
+        "scylla_max_clock_skew", "redis_wait_timeout",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"MC_{name.upper()} must be positive")
+    if config.history_retention < config.idempotency_window:
+        raise ConfigError(
+            "MC_HISTORY_RETENTION must be at least MC_IDEMPOTENCY_WINDOW: a replayed ACK"
+            " must point at a message history still holds"
+        )
+    if config.recovery_max_retry < config.recovery_first_retry:
+        raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
+        "redis_wait_replicas",
         "recovery_grace",
         "shutdown_grace",
         "max_mentions",

@@ -1,8 +1,9 @@
 """Readiness: a periodic, real probe of the backend that drives gRPC health.
 
-Every ``interval`` the probe calls ``committer.readiness()`` (which touches
-the store and the outbox for real) and reads the age of the oldest
-unfinished intent (``scan_recoverable_commits(now, 1)``). The result sets the
+Every ``interval`` the probe calls ``committer.readiness()``, which touches
+the store and the outbox for real; it does not depend on recovery (a bad
+intent in the recovery queue must never take a replica out of service:
+DESIGN §12). The result sets the
 standard ``grpc.health.v1`` status of the server ("") and of each served
 service, and is what ``/readyz`` answers. Nothing here is a constant: a
 backend that stops answering turns the server NOT_SERVING at the next probe,
@@ -25,7 +26,6 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from service.domain.committer import MessageCommitter
-from service.domain.ports import Clock, MessageStore
 from service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,14 @@ class Readiness:
 
     ready: bool
     reason: str
+
+
+def _reason(exc: BaseException) -> str:
+    """The error class, plus the store's own fixed text when it says what an
+    operator must do (a wiped or replaced backend, a refused eviction policy)."""
+    name = type(exc).__name__
+    hint = getattr(exc, "operator_hint", "")
+    return f"{name}: {hint}" if hint else name
 
 
 class ReadinessHealthServicer(health_aio.HealthServicer):
@@ -66,10 +74,8 @@ class ReadinessProbe:
     def __init__(
         self,
         committer: MessageCommitter,
-        store: MessageStore,
         health: ReadinessHealthServicer,
         metrics: ServiceMetrics,
-        clock: Clock,
         *,
         backend: str,
         durable: bool,
@@ -78,10 +84,8 @@ class ReadinessProbe:
         timeout_s: float,
     ) -> None:
         self._committer = committer
-        self._store = store
         self._health = health
         self._metrics = metrics
-        self._clock = clock
         self._backend = backend
         self._durable = durable
         self._services = ("", *services)
@@ -98,13 +102,10 @@ class ReadinessProbe:
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self._committer.readiness()
-                oldest = await self._store.scan_recoverable_commits(self._clock.now_ms(), 1)
         except Exception as exc:  # any failure of the probe means "not ready"
-            cause = type(exc.__cause__ or exc).__name__  # the store's error, not its wrapper
-            result = Readiness(False, f"{self._backend} backend not ready ({cause})")
+            cause = exc.__cause__ or exc  # the store's error, not its wrapper
+            result = Readiness(False, f"{self._backend} backend not ready ({_reason(cause)})")
         else:
-            age_ms = self._clock.now_ms() - oldest[0].created_at_ms if oldest else 0
-            self._metrics.oldest_recoverable_age.set(max(0, age_ms) / 1000)
             note = "" if self._durable else f"; {NOT_DURABLE_NOTE}"
             result = Readiness(True, f"ready: {self._backend} backend answers{note}")
         self._metrics.ready.set(1 if result.ready else 0)

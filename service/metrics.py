@@ -12,7 +12,9 @@ message_committer_rejections_total{reason}         the committer (CommitObserver
 message_committer_recovery_runs_total              the committer, per recover_due run
 message_committer_recovered_intents_total          the committer
 message_committer_recovery_failed_intents_total    the committer
-message_committer_oldest_recoverable_age_seconds   the readiness probe
+message_committer_recovery_quarantined_total       the committer, per intent quarantined
+message_committer_oldest_recoverable_age_seconds   the recovery loop (queue statistics)
+message_committer_quarantined_intents              the recovery loop (queue statistics)
 message_committer_backend_operation_seconds        InstrumentedStore, per store call
   {operation} (histogram)
 message_committer_backend_requests_total{kind}     Backend.requests, read at scrape time
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter as _Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from types import TracebackType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -42,10 +46,14 @@ from service.domain.model import (
     HistoryQuery,
     LoadedCommit,
     OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryReport,
+    RecoveryStats,
     ReserveCandidate,
     ReserveResult,
 )
-from service.domain.ports import MessageStore, StoredCommit
+from service.domain.ports import Hook, MessageStore, StoredCommit
 
 OUTCOMES = ("committed", "replayed", "conflict", "recoverable", "rejected")
 REJECTION_REASONS = ("invalid", "not_member", "quota", "no_conversation")
@@ -109,12 +117,22 @@ class ServiceMetrics:
         )
         self.recovery_failed_intents = Counter(
             "message_committer_recovery_failed_intents",
-            "Unfinished intents a recovery run could not finish (retried next run).",
+            "Recovery attempts that failed (the intent is retried later, with backoff).",
+            registry=r,
+        )
+        self.recovery_quarantined = Counter(
+            "message_committer_recovery_quarantined",
+            "Intents this replica quarantined (undecodable, or failed too often).",
             registry=r,
         )
         self.oldest_recoverable_age = Gauge(
             "message_committer_oldest_recoverable_age_seconds",
-            "Age of the oldest unfinished intent at the last probe; 0 when none.",
+            "Age of the oldest unfinished intent (queued or quarantined); 0 when none.",
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "message_committer_quarantined_intents",
+            "Intents in quarantine now: kept, never ACKed, waiting for an operator.",
             registry=r,
         )
         self.ready = Gauge(
@@ -144,10 +162,11 @@ class ServiceMetrics:
         if outcome == "rejected":
             self.rejections.labels(reason or "unknown").inc()
 
-    def recovered(self, count: int, failed: int) -> None:
+    def recovered(self, report: RecoveryReport) -> None:
         self.recovery_runs.inc()
-        self.recovered_intents.inc(count)
-        self.recovery_failed_intents.inc(failed)
+        self.recovered_intents.inc(report.committed)
+        self.recovery_failed_intents.inc(report.failed)
+        self.recovery_quarantined.inc(report.quarantined)
 
     # --- wiring --------------------------------------------------------------
 
@@ -176,19 +195,29 @@ class BackendRequestsCollector(Collector):
         return []
 
 
-class InstrumentedStore(MessageStore):
-    """A MessageStore that times every call of the store it wraps."""
+StepSpan = Callable[[str], AbstractContextManager[object]]
+"""Opens the trace span of one store call (``service.tracing``); None when tracing is off."""
 
-    def __init__(self, inner: MessageStore, seconds: Histogram) -> None:
+
+class InstrumentedStore(MessageStore):
+    """A MessageStore that times every call of the store it wraps, and (tracing
+    on) makes each call a span."""
+
+    def __init__(
+        self, inner: MessageStore, seconds: Histogram, step_span: StepSpan | None = None
+    ) -> None:
         self._inner = inner
         self._seconds = seconds
+        self._step_span = step_span
         self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
+        self.atomic_publish_commit = inner.atomic_publish_commit
 
     def _timer(self, operation: str) -> _Timer:
         child = self._children.get(operation)
         if child is None:
             child = self._children[operation] = self._seconds.labels(operation)
-        return _Timer(child)
+        span = self._step_span
+        return _Timer(child, None if span is None else span(operation))
 
     async def reserve(
         self,
@@ -214,10 +243,10 @@ class InstrumentedStore(MessageStore):
             return await self._inner.mark_committed(intent)
 
     async def mark_published_and_committed(
-        self, intent: CommitIntent, publication: OutboxPublication
+        self, intent: CommitIntent, publication: OutboxPublication, between: Hook | None = None
     ) -> CommittedMessage:
         with self._timer("mark_published_and_committed"):
-            return await self._inner.mark_published_and_committed(intent, publication)
+            return await self._inner.mark_published_and_committed(intent, publication, between)
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         with self._timer("load"):
@@ -233,9 +262,33 @@ class InstrumentedStore(MessageStore):
 
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
-    ) -> list[CommitIntent]:
+    ) -> list[RecoveryItem]:
         with self._timer("scan_recoverable_commits"):
             return await self._inner.scan_recoverable_commits(older_than_ms, max_items)
+
+    async def defer_recovery(
+        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
+    ) -> None:
+        with self._timer("defer_recovery"):
+            await self._inner.defer_recovery(
+                item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
+            )
+
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        with self._timer("quarantined"):
+            return await self._inner.quarantined(after, limit)
+
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
+        with self._timer("recovery_item"):
+            return await self._inner.recovery_item(key)
+
+    async def release_quarantined(self, key: CommitKey) -> bool:
+        with self._timer("release_quarantined"):
+            return await self._inner.release_quarantined(key)
+
+    async def recovery_stats(self) -> RecoveryStats:
+        with self._timer("recovery_stats"):
+            return await self._inner.recovery_stats()
 
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
         with self._timer("history_page"):
@@ -249,27 +302,35 @@ class InstrumentedStore(MessageStore):
         await self._inner.close()
 
 
-class _AtomicInstrumentedStore(InstrumentedStore):
-    atomic_publish_commit = True
-
-
-def instrument(store: MessageStore, metrics: ServiceMetrics) -> InstrumentedStore:
-    """Wrap ``store``, keeping whether its publish+commit step is atomic."""
-    cls = _AtomicInstrumentedStore if store.atomic_publish_commit else InstrumentedStore
-    return cls(store, metrics.backend_seconds)
+def instrument(
+    store: MessageStore, metrics: ServiceMetrics, step_span: StepSpan | None = None
+) -> InstrumentedStore:
+    """Wrap ``store`` so every call is timed (and traced, with ``step_span``)."""
+    return InstrumentedStore(store, metrics.backend_seconds, step_span)
 
 
 class _Timer:
-    """Observes the wall time of a ``with`` block, exceptions included."""
+    """Observes the wall time of a ``with`` block, exceptions included, inside
+    ``span`` when there is one."""
 
-    __slots__ = ("_child", "_start")
+    __slots__ = ("_child", "_span", "_start")
 
-    def __init__(self, child: Histogram) -> None:
+    def __init__(self, child: Histogram, span: AbstractContextManager[object] | None) -> None:
         self._child = child
+        self._span = span
         self._start = 0.0
 
     def __enter__(self) -> None:
+        if self._span is not None:
+            self._span.__enter__()
         self._start = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._child.observe(time.perf_counter() - self._start)
+        if self._span is not None:
+            self._span.__exit__(kind, exc, tb)

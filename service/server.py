@@ -2,7 +2,7 @@
 
 ``CommitServer`` owns, for one process:
 
-* the grpc.aio server with the two v1 services, ``grpc.health.v1`` and
+* the grpc.aio server with the three v1 services, ``grpc.health.v1`` and
   server reflection, behind the one StatusInterceptor;
 * the readiness probe that drives health, and the recovery loop;
 * the HTTP side port (/metrics, /healthz, /readyz);
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 from grpc import aio
@@ -26,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
 from service.api.interceptor import StatusInterceptor
+from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
 from service.config import ConfigError, ServiceConfig, read_file, split_address
 from service.domain.committer import MessageCommitter
@@ -35,6 +37,8 @@ from service.gen.message_committer.v1 import (
     committer_pb2_grpc,
     membership_pb2,
     membership_pb2_grpc,
+    recovery_pb2,
+    recovery_pb2_grpc,
 )
 from service.health import ReadinessHealthServicer, ReadinessProbe
 from service.httpside import HttpSide
@@ -47,8 +51,9 @@ COMMITTER_SERVICE = committer_pb2.DESCRIPTOR.services_by_name["MessageCommitterS
 MEMBERSHIP_SERVICE = membership_pb2.DESCRIPTOR.services_by_name[
     "ConversationMembershipService"
 ].full_name
+RECOVERY_SERVICE = recovery_pb2.DESCRIPTOR.services_by_name["RecoveryAdminService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE)
+SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE, RECOVERY_SERVICE)
 LOOP_STOP_TIMEOUT_S = 5.0
 
 
@@ -63,7 +68,10 @@ class CommitServer:
         store: InstrumentedStore,
         metrics: ServiceMetrics,
         clock: Clock,
+        *,
+        interceptors: Sequence[aio.ServerInterceptor] = (),
     ) -> None:
+        """``interceptors`` run outside the StatusInterceptor (tracing's server span)."""
         self.config = config
         self.backend = backend
         self.committer = committer
@@ -71,10 +79,8 @@ class CommitServer:
         self.health = ReadinessHealthServicer()
         self.probe = ReadinessProbe(
             committer,
-            store,
             self.health,
             metrics,
-            clock,
             backend=backend.name,
             durable=backend.durable,
             services=SERVICES,
@@ -83,6 +89,8 @@ class CommitServer:
         )
         self.recovery = RecoveryLoop(
             committer,
+            store,
+            metrics,
             clock,
             interval_s=config.recovery_interval,
             grace_s=config.recovery_grace,
@@ -90,9 +98,11 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[StatusInterceptor(metrics)],
+            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
             options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
+                # The transport refuses only requests over twice the limit; between
+                # the two, the interceptor answers from the error table, with ErrorInfo.
+                ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use fails start-up, never shares
             ],
@@ -103,6 +113,9 @@ class CommitServer:
         )
         membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
             MembershipServicer(backend.membership), self._server
+        )
+        recovery_pb2_grpc.add_RecoveryAdminServiceServicer_to_server(
+            RecoveryAdminServicer(committer), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -146,6 +159,10 @@ class CommitServer:
         self._loops = [
             asyncio.create_task(self.probe.run(self._stop_loops), name="readiness-probe"),
             asyncio.create_task(self.recovery.run(self._stop_loops), name="recovery-loop"),
+            asyncio.create_task(
+                self.recovery.watch_queue(self._stop_loops, self.config.readiness_interval),
+                name="recovery-gauges",
+            ),
         ]
 
     async def stop(self, grace_s: float | None = None) -> None:

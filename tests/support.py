@@ -55,6 +55,21 @@ def referenced(uri: str = "s3://bucket/obj", size: int = 1234) -> MessageContent
     return MessageContent(MessageType.IMAGE, body_ref=BodyReference(uri, size, "ab" * 32))
 
 
+async def members(
+    backend: Backend, tenant: str, conv: str = "c1", version: int | None = None, page: int = 1000
+) -> list[str]:
+    """Every member of ``conv`` at ``version`` (None: now), through the paged listing."""
+    found: list[str] = []
+    after = ""
+    for _ in range(100_000):
+        got = await backend.membership.members_at(tenant, conv, version, after, page)
+        found += got.members
+        if not got.next_after:
+            return found
+        after = got.next_after
+    raise AssertionError("the member listing did not end")
+
+
 async def conversation(
     backend: Backend, tenant: str, conv: str = "c1", members: tuple[str, ...] = ("alice", "bob")
 ) -> None:

@@ -1,17 +1,21 @@
 """The Redis backend: durable, shared, one atomic script per transition.
 
-``open_redis_backend`` is the only entry point. Modules:
+``open_redis_backend`` opens a deployment that ``initialise`` (``message-committer
+migrate --backend redis``) created; it never initialises one itself. Modules:
 
-* ``keys``: the key layout (documented there) and the id encoding;
-* ``codec``: the stored byte forms (commit hash full and compact forms,
-  records, delivery);
-* ``scripts``: the Lua scripts, one per transition;
-* ``link``: the connection, round-trip counting and error translation;
-* ``store``: MessageStore + MembershipStore; ``outbox``: the Stream outbox;
+* ``keys``: the key layout (documented there), shards and the id encoding;
+* ``lua``: the scripts' calling convention (deployment identity, server time)
+  and shared helpers;
+* ``commits``: the commit transitions' scripts; ``members``: versioned
+  membership; ``history``: history pages; ``recovery``: the recovery queue;
+* ``codec``: the stored byte forms; ``link``: the connection (standalone,
+  Sentinel or Cluster), round-trip counting and error translation;
+* ``deployment``: the identity, the eviction check and the upgrade from
+  release 1; ``store``: the MessageStore; ``outbox``: the per-shard streams;
 * ``sizing``: measures a committed record's memory (``python -m
   backends.redis.sizing``).
 
-See ``docs/redis.md`` for durability, cluster notes and measured sizes.
+See ``docs/redis.md`` for durability, Sentinel and Cluster, and measured sizes.
 """
 
 from __future__ import annotations
@@ -19,15 +23,43 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from backends.redis import scripts
-from backends.redis.keys import SCHEMA_VERSION, KeySpace
+from backends.redis import commits, history, members, recovery
+from backends.redis.commits import CommitCalls
+from backends.redis.deployment import check_eviction, check_identity, read_deployment
+from backends.redis.keys import KeySpace, check_prefix
 from backends.redis.link import RedisLink, connect
+from backends.redis.lua import Script
+from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
-from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
-from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
+from service.domain.errors import StoreError, StoreInvalid, StoreSchemaError, StoreUnavailable
+from service.domain.ports import Backend, Clock, StoreSettings
 
-__all__ = ["open_redis_backend"]
+__all__ = ["SCRIPTS", "open_link", "open_redis_backend"]
+
+SCRIPTS: tuple[Script, ...] = (
+    *commits.SCRIPTS,
+    *members.SCRIPTS,
+    *history.SCRIPTS,
+    *recovery.SCRIPTS,
+)
+
+
+def open_link(
+    url: str,
+    *,
+    socket_timeout_s: float = 2.0,
+    connect_timeout_s: float = 1.0,
+    max_connections: int = 128,
+) -> RedisLink:
+    """A counted connection to ``url`` (nothing sent yet)."""
+    client, mode = connect(
+        url,
+        socket_timeout_s=socket_timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        max_connections=max_connections,
+    )
+    return RedisLink(client, Counter(), mode)
 
 
 async def open_redis_backend(
@@ -35,61 +67,68 @@ async def open_redis_backend(
     *,
     prefix: str = "mc",
     settings: StoreSettings | None = None,
-    clock: Clock | None = None,
     identity_form: Literal["digest", "whole"] = "digest",
     socket_timeout_s: float = 2.0,
     connect_timeout_s: float = 1.0,
     max_connections: int = 128,
+    allow_eviction: bool = False,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
+    test_clock: Clock | None = None,
 ) -> Backend:
-    """Connect, PING, check the layout version and load the scripts.
+    """Connect, check the deployment identity and the eviction policy, load the scripts.
 
-    Fails closed: any failure raises ``StoreUnavailable`` (or
-    ``StoreSchemaError`` for data written by another layout version) whose
-    text names no address, password, key or script.
+    Fails closed: StoreUnavailable when Redis does not answer (StoreMisconfigured
+    for an evicting Redis, StoreWiped for lost data), StoreSchemaError for a
+    prefix that was never initialised or holds another layout; no text names an
+    address, password, key or script. ``test_clock`` (tests only) replaces
+    Redis's TIME in every script, so a test can drive retention exactly; the
+    service never passes one: a replica's clock never decides anything here.
     """
     try:
-        keys = KeySpace(prefix)
+        check_prefix(prefix)
     except ValueError as exc:
         raise StoreUnavailable(str(exc)) from None
-    requests: Counter[str] = Counter()
-    link = RedisLink(
-        connect(
-            url,
-            socket_timeout_s=socket_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            max_connections=max_connections,
-        ),
-        requests,
+    link = open_link(
+        url,
+        socket_timeout_s=socket_timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        max_connections=max_connections,
     )
     try:
-        await _bootstrap(link, keys)
+        await link.call("PING", write=False)
+        deployment = await read_deployment(link, prefix)
+        keys = KeySpace(prefix, deployment.shards)
+        await check_identity(link, keys, deployment.identity)
+        await check_eviction(link, allow=allow_eviction)
+        await link.load_scripts(SCRIPTS)
     except StoreError as exc:
         await link.close()
-        if isinstance(exc, StoreSchemaError):
+        if isinstance(exc, StoreSchemaError | StoreUnavailable) and (
+            isinstance(exc, StoreSchemaError) or exc.operator_hint
+        ):
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
+    if wait_replicas and link.cluster:
+        await link.close()
+        raise StoreInvalid("redis: waiting for replicas is not supported on a Redis Cluster")
+    calls = CommitCalls(link, keys, deployment.identity, test_clock)
     store = RedisMessageStore(
-        link, keys, settings or StoreSettings(), clock or SystemClock(), identity_form
+        calls,
+        (settings or StoreSettings()).validate(),
+        identity_form,
+        allow_eviction,
+        SCRIPTS,
+        wait_replicas,
+        wait_timeout_ms,
     )
     backend = Backend(
         name="redis",
         store=store,
-        membership=store,
+        membership=RedisMembershipStore(calls),
         outbox=RedisOutbox(link, keys),
         durable=True,
-        requests=requests,
+        requests=link.requests,
     )
     backend.closers.append(link.close)
     return backend
-
-
-async def _bootstrap(link: RedisLink, keys: KeySpace) -> None:
-    replies = await link.pipeline(
-        [("PING",), ("SET", keys.schema, SCHEMA_VERSION, "NX"), ("GET", keys.schema)],
-        write=False,  # setting the version if absent is idempotent
-    )
-    if replies[0] is not True:
-        raise StoreUnavailable("redis did not answer PING")
-    if replies[2] != SCHEMA_VERSION.encode():
-        raise StoreSchemaError("the redis data was written by another layout version")
-    await link.load_scripts(scripts.ALL)

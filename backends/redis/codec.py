@@ -22,8 +22,10 @@ Commit hash, full form (RESERVED, RECORDED, OUTBOXED)::
     st  state rank: 0 reserved, 1 recorded, 2 outboxed
     id  identity (QIMD digest, or the legacy QIMC whole form)
     r   record json            s  seq      m  message id     t  server ts
-    d   delivery json {"r": [recipients], "v": membership version}
-    ca  created_at (ms)        ps / pp  publication stream / position, once known
+    d   delivery json {"v": membership version}; release 1 wrote the recipients
+        inline as well, {"r": [ids], "v": version}, and both are read
+    ca  created_at (ms, the server's TIME)
+    ps / pp  publication stream / position, once known
 
 Compact form (COMMITTED, rank 3): ``st id m s t ps pp x`` where ``id`` is
 always the digest and ``x`` the logical expiry (ms). Every value stays
@@ -149,6 +151,9 @@ def decode_history_member(tenant: str, conversation: str, member: bytes) -> Mess
 
 
 def encode_delivery(delivery: FrozenDeliveryInput) -> bytes:
+    """``{"v": version}`` by reference; release 1's inline form adds ``"r": [ids]``."""
+    if delivery.recipients is None:
+        return _dumps({"v": delivery.membership_version})
     return _dumps({"r": list(delivery.recipients), "v": delivery.membership_version})
 
 
@@ -160,6 +165,8 @@ def decode_delivery(blob: bytes) -> FrozenDeliveryInput:
     if not isinstance(doc, dict):
         raise StoreCorrupt("a stored delivery is malformed")
     recipients = doc.get("r")
+    if recipients is None:
+        return FrozenDeliveryInput(None, _int(doc.get("v")))
     if not isinstance(recipients, list) or not all(isinstance(r, str) for r in recipients):
         raise StoreCorrupt("stored recipients are malformed")
     return FrozenDeliveryInput(tuple(recipients), _int(doc.get("v")))
@@ -190,6 +197,27 @@ def pairs(flat: list[Any]) -> dict[bytes, bytes]:
     if len(flat) % 2 or not all(isinstance(v, bytes) for v in flat):
         raise StoreCorrupt("a stored hash could not be decoded")
     return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def hash_reply(reply: Any) -> dict[bytes, bytes]:
+    """An HGETALL reply (a dict from the client, a flat list from a script) as a dict."""
+    if reply is None:
+        return {}
+    if isinstance(reply, dict):
+        return {bytes(k): bytes(v) for k, v in reply.items()}
+    if isinstance(reply, list):
+        return pairs(reply)
+    raise StoreCorrupt("redis gave an unexpected reply")
+
+
+def score_pairs(reply: Any) -> list[tuple[bytes, float]]:
+    """A ZRANGE ... WITHSCORES reply as (member, score) pairs, whether the client
+    gave it flat ([m, s, m, s]) or paired ([[m, s], ...])."""
+    if not isinstance(reply, list):
+        return []
+    if reply and isinstance(reply[0], list | tuple):
+        return [(bytes(m), float(sc)) for m, sc in reply]
+    return [(bytes(reply[i]), float(reply[i + 1])) for i in range(0, len(reply) - 1, 2)]
 
 
 def state_of(fields: dict[bytes, bytes]) -> CommitState:

@@ -1,4 +1,4 @@
-"""Key layout of the Redis backend.
+"""Key layout of the Redis backend (layout 2).
 
 Every key starts with the configured prefix ``P`` (default ``mc``; 1-64
 characters from ``A-Z a-z 0-9 . _ -``, so it never contains ``:``, ``{`` or
@@ -9,51 +9,63 @@ injective and ``:`` is a safe separator, so two different id tuples never
 share a key, across tenants or across key kinds. Below ``T`` ``C`` ``S``
 ``K`` are the encoded tenant, conversation, sender and cmid.
 
+**Shards.** A deployment has ``N`` shards (chosen when it is initialised,
+default 128, kept in ``P:meta``). A conversation lives in shard
+``crc32("T:C") mod N`` and a key pointer in shard ``crc32("T:S:K") mod N``;
+every key of shard ``n`` carries the hash tag ``{n}``, so on a Redis Cluster a
+shard is one slot and every script touches one slot only (the key pointer is
+the one thing reserve and commit need from another shard: on a Cluster it is
+claimed and expired in separate steps, see ``docs/redis.md``).
+
 ==========================  =======  ==============================================
-key                         type     what, owner and lifetime
+key (in shard n)            type     what
 ==========================  =======  ==============================================
-``P:{T:C}:m``               hash     conversation meta: ``v`` membership version,
-                                     ``s`` last allocated seq, ``a`` first
-                                     available seq. Its existence is the
-                                     conversation's. Owner: the conversation;
-                                     never expires.
-``P:{T:C}:u``               set      member user ids. Owner: the conversation.
-``P:{T:C}:h``               zset     history: score = seq, member =
-                                     ``<seq>:<record json>``. Trimmed as a prefix
-                                     when retention passes.
-``P:{T:C}:x``               zset     history expiry: score = expiry (ms), member =
-                                     seq; registered at COMMITTED.
-``P:{T:C}:c:S:K``           hash     the commit of (tenant, sender, cmid): full form
-                                     until COMMITTED, then the compact form.
-                                     Unfinished: no expiry. Compact: logical
-                                     expiry ``x`` plus a physical TTL.
-``P:k:T:S:K``               hash     the key pointer: ``c`` raw conversation id,
-                                     ``x`` logical expiry once committed. Finds a
-                                     commit by (tenant, sender, cmid) alone and makes
-                                     the key unique across conversations.
-                                     Same lifetime as its commit hash.
-``P:recovery``              zset     recovery index: score = created_at (ms),
-                                     member = ``T:C:S:K``; an entry lives from
-                                     reserve to COMMITTED. Owner: the deployment.
-``P:outbox``                stream   the outbox; entry ids are publication
-                                     positions. Owner: the deployment.
-``P:schema``                string   the layout version (``1``); checked at open.
+``P:{n}:id``                string   the deployment identity, written once by
+                                     ``migrate``; every script checks it, so a wiped
+                                     or replaced shard refuses instead of starting
+                                     over
+``P:{n}:m:T:C``             hash     conversation meta: ``v`` membership version,
+                                     ``f`` lowest readable version, ``mc`` member
+                                     count, ``s`` last seq, ``a`` first available
+                                     seq, ``wc`` the seq retention wants to cut to
+``P:{n}:u:T:C``             zset     every user with membership intervals (score 0,
+                                     listed in id order with ZRANGE BYLEX)
+``P:{n}:iv:T:C``            hash     user -> version intervals ``s1,u1,s2``
+                                     (``service.domain.membership``)
+``P:{n}:h:T:C``             zset     history: score seq, member ``<seq>:<record>``
+``P:{n}:x:T:C``             zset     history expiry: score expiry (ms), member seq
+``P:{n}:p:T:C``             zset     seqs of unfinished intents: retention never
+                                     trims at or past the lowest
+``P:{n}:c:T:C:S:K``         hash     one commit: full form until COMMITTED, then the
+                                     compact form with logical expiry ``x`` and TTL
+``P:{n}:k:T:S:K``           hash     key pointer (shard of T:S:K): ``c`` the raw
+                                     conversation id, ``x`` expiry once committed;
+                                     makes a CommitKey unique across conversations
+``P:{n}:rq``                zset     recovery queue: score due time, member
+                                     ``T:C:S:K``
+``P:{n}:rc``                zset     the same members by creation time
+``P:{n}:ra``                hash     member -> ``attempts|last problem``
+``P:{n}:rz``                zset     quarantined members (score 0, id order)
+``P:{n}:ob``                stream   outbox partition n
+``P:{n}:wb``                string   a counter written before WAIT, when ACKs wait
+                                     for replicas (``MC_REDIS_WAIT_REPLICAS``)
+``P:meta``                  hash     ``schema`` 2, ``deployment``, ``shards``,
+                                     ``created_ms``
 ==========================  =======  ==============================================
 
-Hash tags: everything of one conversation shares the tag ``{T:C}``, so the
-scripts that touch only a conversation (put_record, mark_outbox_published,
-history, membership) are single-slot. Reserve and the two COMMITTED scripts
-also touch the key pointer and the recovery index: see ``docs/redis.md``
-("Redis Cluster") for what a Cluster deployment would change.
+Layout 1 (release 1) names are kept in ``Release1Keys`` for the upgrade.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+DEFAULT_SHARDS = 128
+MAX_SHARDS = 16384
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _SAFE = "-._~"  # with A-Z a-z 0-9, the characters kept as they are
 
@@ -76,41 +88,104 @@ def dec(value: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationKeys:
-    """The keys of one conversation (all under one hash tag)."""
+class ShardKeys:
+    """The keys of one shard that are not per conversation."""
 
+    number: int
+    identity: str
+    queue: str
+    created: str
+    attempts: str
+    quarantine: str
+    outbox: str
+    barrier: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKeys:
+    """The keys of one conversation (all in its shard)."""
+
+    shard: ShardKeys
     meta: str
-    members: str
+    users: str
+    intervals: str
     history: str
     expiry: str
-    base: str
+    pinned: str
+    _commit_base: str
 
     def commit(self, sender: str, cmid: str) -> str:
-        return f"{self.base}:c:{enc(sender)}:{enc(cmid)}"
+        return f"{self._commit_base}:{enc(sender)}:{enc(cmid)}"
+
+
+@dataclass(frozen=True, slots=True)
+class PointerKeys:
+    """The key pointer of one CommitKey and its shard's identity key."""
+
+    shard: ShardKeys
+    pointer: str
 
 
 class KeySpace:
-    """Builds every key of one deployment (one prefix)."""
+    """Builds every key of one deployment (one prefix, a fixed shard count)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, shards: int = DEFAULT_SHARDS) -> None:
         self.prefix = check_prefix(prefix)
-        self.recovery = f"{prefix}:recovery"
-        self.outbox = f"{prefix}:outbox"
-        self.schema = f"{prefix}:schema"
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"shards must be between 1 and {MAX_SHARDS}")
+        self.shards = shards
+        self.meta = f"{prefix}:meta"
+        self._shards = [self._shard(n) for n in range(shards)]
+
+    def _shard(self, n: int) -> ShardKeys:
+        base = f"{self.prefix}:{{{n}}}"
+        return ShardKeys(
+            n,
+            f"{base}:id",
+            f"{base}:rq",
+            f"{base}:rc",
+            f"{base}:ra",
+            f"{base}:rz",
+            f"{base}:ob",
+            f"{base}:wb",
+        )
+
+    def all_shards(self) -> list[ShardKeys]:
+        return self._shards
+
+    def shard(self, n: int) -> ShardKeys:
+        return self._shards[n]
+
+    def shard_of(self, *ids: str) -> ShardKeys:
+        joined = ":".join(enc(i) for i in ids)
+        return self._shards[zlib.crc32(joined.encode()) % self.shards]
 
     def conversation(self, tenant: str, conversation: str) -> ConversationKeys:
-        base = f"{self.prefix}:{{{enc(tenant)}:{enc(conversation)}}}"
-        return ConversationKeys(f"{base}:m", f"{base}:u", f"{base}:h", f"{base}:x", base)
+        shard = self.shard_of(tenant, conversation)
+        tc = f"{enc(tenant)}:{enc(conversation)}"
+        base = f"{self.prefix}:{{{shard.number}}}"
+        return ConversationKeys(
+            shard,
+            f"{base}:m:{tc}",
+            f"{base}:u:{tc}",
+            f"{base}:iv:{tc}",
+            f"{base}:h:{tc}",
+            f"{base}:x:{tc}",
+            f"{base}:p:{tc}",
+            f"{base}:c:{tc}",
+        )
 
-    def pointer(self, tenant: str, sender: str, cmid: str) -> str:
-        return f"{self.prefix}:k:{enc(tenant)}:{enc(sender)}:{enc(cmid)}"
+    def pointer(self, tenant: str, sender: str, cmid: str) -> PointerKeys:
+        shard = self.shard_of(tenant, sender, cmid)
+        ids = f"{enc(tenant)}:{enc(sender)}:{enc(cmid)}"
+        return PointerKeys(shard, f"{self.prefix}:{{{shard.number}}}:k:{ids}")
 
     @staticmethod
-    def recovery_member(tenant: str, conversation: str, sender: str, cmid: str) -> str:
+    def queue_member(tenant: str, conversation: str, sender: str, cmid: str) -> str:
         return ":".join(enc(part) for part in (tenant, conversation, sender, cmid))
 
     @staticmethod
-    def parse_recovery_member(member: str) -> tuple[str, str, str, str]:
+    def parse_queue_member(member: str) -> tuple[str, str, str, str]:
         """(tenant, conversation, sender, cmid); ValueError when malformed."""
         parts = member.split(":")
         if len(parts) != 4:
@@ -121,3 +196,28 @@ class KeySpace:
     def patterns(self) -> tuple[str, ...]:
         """SCAN MATCH patterns covering every key of this prefix."""
         return (f"{self.prefix}:*",)
+
+
+class Release1Keys:
+    """Layout 1 names (release 1), read only by the upgrade in ``deployment``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.schema = f"{prefix}:schema"
+        self.recovery = f"{prefix}:recovery"
+        self.outbox = f"{prefix}:outbox"
+        self.meta_pattern = f"{prefix}:{{*:*}}:m"
+
+    def conversation_base(self, meta_key: str) -> str:
+        return meta_key[: -len(":m")]
+
+    def pointer(self, tenant: str, sender: str, cmid: str) -> str:
+        return f"{self.prefix}:k:{enc(tenant)}:{enc(sender)}:{enc(cmid)}"
+
+    def parse_base(self, base: str) -> tuple[str, str]:
+        """(tenant, conversation) of a layout-1 ``P:{T:C}`` base."""
+        tag = base[len(self.prefix) + 2 : -1]
+        tenant, sep, conversation = tag.partition(":")
+        if not sep or not base.endswith("}"):
+            raise ValueError("not a layout-1 conversation key")
+        return dec(tenant), dec(conversation)

@@ -1,9 +1,23 @@
-"""The one connection of a Redis backend: round-trip counting, scripts, errors.
+"""The one connection of a Redis backend: topology, round trips, scripts, errors.
+
+``MC_REDIS_URL`` picks the topology:
+
+==============================================================  ============================
+URL                                                             topology
+==============================================================  ============================
+``redis://[:password@]host:port/db`` (``rediss://`` for TLS)    one server (or a proxy)
+``redis+sentinel://[:password@]h1:p1,h2:p2,h3:p3/<name>/<db>``  a master found through
+(``rediss+sentinel://``)                                        Sentinel, followed on failover
+``redis+cluster://[:password@]h1:p1,h2:p2/``                    a Redis Cluster
+(``rediss+cluster://``)
+==============================================================  ============================
 
 Everything the store and the outbox send goes through ``RedisLink``, which
 
 * counts each round trip in ``requests["redis_call"]``;
 * runs scripts by EVALSHA and reloads one on NOSCRIPT;
+* sends the commands that concern every server (SCRIPT LOAD, SCRIPT EXISTS,
+  INFO) to every primary of a Cluster;
 * turns every driver exception into the store's own error family, with a
   text that names neither the server address, a password, a key nor a
   script. The driver's exception is deliberately not chained (``from
@@ -15,23 +29,28 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rx
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
-from backends.redis.scripts import Script
+from backends.redis.lua import Script
 from service.domain.errors import (
     StoreCorrupt,
     StoreError,
     StoreInvalid,
     StoreOutcomeUnknown,
     StoreUnavailable,
+    StoreWiped,
 )
 
-Arg = str | bytes | int
+Arg = str | bytes | int | float
 CALL = "redis_call"
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
@@ -54,7 +73,7 @@ def translate(exc: BaseException, *, write: bool) -> StoreError:
         text = str(exc)
         if text.startswith("WRONGTYPE"):
             return StoreCorrupt("a stored value has an unexpected type")
-        if text.startswith(_UNAVAILABLE_REPLIES):
+        if text.startswith(_UNAVAILABLE_REPLIES) or text.startswith(("MOVED", "ASK")):
             return StoreUnavailable(f"redis is not serving requests ({kind})")
         if "script" in text.lower():
             return StoreCorrupt("redis could not process stored data")
@@ -64,35 +83,123 @@ def translate(exc: BaseException, *, write: bool) -> StoreError:
     return StoreUnavailable(f"redis call failed ({kind})")
 
 
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A parsed ``MC_REDIS_URL`` (never logged: it may hold a password)."""
+
+    mode: str  # "single", "sentinel" or "cluster"
+    url: str
+    hosts: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    db: int = 0
+    password: str | None = None
+    username: str | None = None
+    tls: bool = False
+
+
+def parse_url(url: str) -> Address:
+    """The topology of ``url``; StoreUnavailable naming only the rule broken."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise StoreUnavailable("the redis address is malformed") from None
+    scheme = parts.scheme.lower()
+    if scheme in ("redis", "rediss", "unix"):
+        return Address("single", url)
+    base, _, mode = scheme.partition("+")
+    if base not in ("redis", "rediss") or mode not in ("sentinel", "cluster"):
+        raise StoreUnavailable(
+            "the redis address must use the scheme redis, rediss, redis+sentinel or redis+cluster"
+        )
+    netloc = parts.netloc.rpartition("@")
+    credentials, hostlist = netloc[0], netloc[2]
+    username, _, password = credentials.partition(":") if credentials else ("", "", "")
+    hosts = []
+    for item in filter(None, hostlist.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit():
+            raise StoreUnavailable("every redis host needs host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    if not hosts:
+        raise StoreUnavailable("the redis address names no host")
+    path = [p for p in parts.path.split("/") if p]
+    master, db = "", 0
+    if mode == "sentinel":
+        if not path:
+            raise StoreUnavailable("a sentinel address needs /<master name>[/<db>]")
+        master = unquote(path[0])
+        if len(path) > 1:
+            if not path[1].isdigit():
+                raise StoreUnavailable("the redis database must be a number")
+            db = int(path[1])
+    return Address(
+        mode,
+        url,
+        tuple(hosts),
+        master,
+        db,
+        unquote(password) or None,
+        unquote(username) or None,
+        base == "rediss",
+    )
+
+
 def connect(
     url: str,
     *,
     socket_timeout_s: float,
     connect_timeout_s: float,
     max_connections: int,
-) -> Redis:
-    """A client for ``url``; raises StoreUnavailable for a malformed address."""
+) -> tuple[Any, str]:
+    """A client for ``url`` and its mode; StoreUnavailable for a malformed address."""
+    address = parse_url(url)
+    retry = Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2)
+    common: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "retry": retry,
+        "decode_responses": False,
+    }
     try:
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=connect_timeout_s + socket_timeout_s,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
-            decode_responses=False,
+        if address.mode == "single":
+            pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=connect_timeout_s + socket_timeout_s,
+                **common,
+            )
+            return Redis.from_pool(pool), "single"
+        auth: dict[str, Any] = {
+            "password": address.password,
+            "username": address.username,
+            "ssl": address.tls,
+        }
+        if address.mode == "sentinel":
+            make_sentinel = cast(Callable[..., Any], Sentinel)
+            sentinel = make_sentinel(list(address.hosts), sentinel_kwargs=dict(common), **common)
+            client = sentinel.master_for(
+                address.master, db=address.db, max_connections=max_connections, **auth, **common
+            )
+            client.mc_sentinels = list(sentinel.sentinels)  # closed with the link
+            return client, "sentinel"
+        nodes = [ClusterNode(host, port) for host, port in address.hosts]
+        make_cluster = cast(Callable[..., Any], RedisCluster)
+        cluster = make_cluster(
+            startup_nodes=nodes, max_connections=max_connections, **auth, **common
         )
+        return cluster, "cluster"
     except (ValueError, TypeError, rx.RedisError):
         raise StoreUnavailable("the redis address is malformed") from None
-    return Redis.from_pool(pool)
 
 
 class RedisLink:
-    """A Redis client plus the backend's round-trip counter."""
+    """A Redis client (any topology) plus the backend's round-trip counter."""
 
-    def __init__(self, client: Redis, requests: Counter[str]) -> None:
+    def __init__(self, client: Any, requests: Counter[str], mode: str = "single") -> None:
         self.client = client
         self.requests = requests
+        self.mode = mode
+        self.cluster = mode == "cluster"
         self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
         self._closed = False
 
@@ -104,8 +211,29 @@ class RedisLink:
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
 
+    async def every_primary(self, *args: Arg) -> list[Any]:
+        """A command for every server (a Cluster's primaries; else the one server):
+        ``SCRIPT LOAD``, ``SCRIPT EXISTS`` (answers merged: loaded everywhere) or
+        ``INFO section`` (one answer per server)."""
+        self.requests[CALL] += 1
+        try:
+            if not self.cluster:
+                return [await self._execute(*args)]
+            command = " ".join(str(a) for a in args[:2]).upper()
+            if command == "SCRIPT LOAD":
+                replies = await self.client.script_load(args[2])
+            elif command == "SCRIPT EXISTS":
+                return [await self.client.script_exists(*args[2:])]
+            elif args and str(args[0]).upper() == "INFO":
+                replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
+            else:
+                raise StoreInvalid("this command is not sent to every server")
+        except rx.RedisError as exc:
+            raise translate(exc, write=False) from None
+        return list(replies.values()) if isinstance(replies, dict) else [replies]
+
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, write: bool) -> list[Any]:
-        """Several commands in one round trip (not a transaction)."""
+        """Several commands in one round trip per server (not a transaction)."""
         self.requests[CALL] += 1
         try:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -118,32 +246,74 @@ class RedisLink:
     async def script(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], *, write: bool = True
     ) -> Any:
-        """EVALSHA ``script``; on NOSCRIPT load it once and call again."""
+        """EVALSHA ``script``; on NOSCRIPT load it once and call again. A
+        ``{"wiped"}`` reply raises StoreWiped."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         self.requests[CALL] += 1
         try:
             try:
-                return await self._execute(*command)
+                reply = await self._execute(*command)
             except rx.NoScriptError:
                 self.requests[CALL] += 2
-                await self._execute("SCRIPT", "LOAD", script.source)
-                return await self._execute(*command)
+                await self.every_primary("SCRIPT", "LOAD", script.source)
+                reply = await self._execute(*command)
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
+        if isinstance(reply, list) and reply and reply[0] == b"wiped":
+            raise StoreWiped("redis: this shard does not hold the deployment's data")
+        return reply
+
+    async def script_and_wait(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
+    ) -> tuple[Any, int]:
+        """EVALSHA then WAIT on the same connection, in one round trip: the reply and
+        how many replicas acknowledged the script's writes (and everything before
+        them in the replication stream)."""
+        for attempt in range(2):
+            self.requests[CALL] += 1
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    cast(Callable[..., object], pipe.execute_command)(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+                    cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                    reply, acked = await pipe.execute()
+            except rx.NoScriptError:
+                if attempt:
+                    raise StoreUnavailable("redis lost the backend's scripts") from None
+                await self.load_scripts([script])
+                continue
+            except rx.RedisError as exc:
+                raise translate(exc, write=True) from None
+            if isinstance(reply, list) and reply and reply[0] == b"wiped":
+                raise StoreWiped("redis: this shard does not hold the deployment's data")
+            return reply, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def replication_barrier(self, key: str, replicas: int, wait_ms: int) -> int:
+        """A one-key write then WAIT on the same connection: when enough replicas
+        acknowledge it, they hold everything written before it too. Returns the count."""
+        self.requests[CALL] += 1
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                cast(Callable[..., object], pipe.execute_command)("INCR", key)
+                cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                _, acked = await pipe.execute()
+        except rx.RedisError as exc:
+            raise translate(exc, write=True) from None
+        return int(acked)
 
     async def load_scripts(self, scripts: Sequence[Script]) -> None:
-        """SCRIPT LOAD every script (one round trip); fail if one is refused."""
-        replies = await self.pipeline([("SCRIPT", "LOAD", s.source) for s in scripts], write=True)
-        for script, reply in zip(scripts, replies, strict=True):
-            if _text(reply) != script.sha:
-                raise StoreUnavailable("redis did not accept the backend's scripts")
+        """SCRIPT LOAD every script on every server; fail if one is refused."""
+        for script in scripts:
+            for reply in await self.every_primary("SCRIPT", "LOAD", script.source):
+                if _text(reply) != script.sha:
+                    raise StoreUnavailable("redis did not accept the backend's scripts")
 
     async def scripts_ready(self, scripts: Sequence[Script]) -> None:
-        """PING and SCRIPT EXISTS in one round trip; reload what is missing."""
-        replies = await self.pipeline(
-            [("PING",), ("SCRIPT", "EXISTS", *(s.sha for s in scripts))], write=False
-        )
-        exists = replies[1]
+        """SCRIPT EXISTS on every server; reload what is missing."""
+        replies = await self.every_primary("SCRIPT", "EXISTS", *(s.sha for s in scripts))
+        exists = replies[0] if replies and isinstance(replies[0], list) else replies
         if not isinstance(exists, list) or len(exists) != len(scripts):
             raise StoreUnavailable("redis gave an unexpected readiness reply")
         missing = [s for s, known in zip(scripts, exists, strict=True) if not known]
@@ -154,8 +324,13 @@ class RedisLink:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(rx.RedisError):  # a broken connection: nothing to release
-            await self.client.aclose(close_connection_pool=True)
+        with contextlib.suppress(rx.RedisError, OSError):  # broken: nothing to release
+            if self.cluster:
+                await self.client.aclose()
+            else:
+                await self.client.aclose(close_connection_pool=True)
+            for sentinel in getattr(self.client, "mc_sentinels", ()):
+                await sentinel.aclose(close_connection_pool=True)
 
 
 def _text(reply: object) -> str:

@@ -22,7 +22,8 @@ import sys
 import uuid
 from typing import Any
 
-from backends.redis import open_redis_backend
+from backends.redis import open_link, open_redis_backend
+from backends.redis.deployment import initialise
 from backends.redis.keys import KeySpace
 from backends.redis.link import CALL, RedisLink
 from service.domain.committer import MessageCommitter, new_message_id
@@ -31,6 +32,7 @@ from service.domain.limits import CommitLimits
 from service.domain.model import (
     AuthenticatedSend,
     CommitState,
+    FrozenDeliveryInput,
     MessageContent,
     MessageType,
     ReserveCandidate,
@@ -74,10 +76,11 @@ async def _outboxed(backend: Backend, body_bytes: int) -> str:
     """Drive one message to OUTBOXED (the fullest pre-compaction form)."""
     request = _send(body_bytes)
     now = SystemClock().now_ms()
-    membership = await backend.membership.membership(TENANT, CONVERSATION)
-    assert membership is not None
+    admission = await backend.membership.admission(TENANT, CONVERSATION, SENDER)
+    assert admission is not None
+    delivery = FrozenDeliveryInput.at_version(admission.version)
     reserved = await backend.store.reserve(
-        request, membership.delivery(), ReserveCandidate(new_message_id(now), now)
+        request, delivery, ReserveCandidate(new_message_id(now), now)
     )
     if not isinstance(reserved, Reserved):
         raise RuntimeError("a fresh key did not reserve")
@@ -103,6 +106,11 @@ async def _cleanup(link: RedisLink, keys: KeySpace) -> None:
 async def measure_committed_record(url: str, body_bytes: int = 100) -> dict[str, object]:
     """Sizes and encodings of a committed hash and of pre-compaction hashes."""
     keys = KeySpace(f"mc-sizing-{uuid.uuid4().hex[:8]}")
+    link = open_link(url)
+    try:
+        await initialise(link, keys.prefix, keys.shards)
+    finally:
+        await link.close()
     backend = await open_redis_backend(url, prefix=keys.prefix)
     whole = await open_redis_backend(url, prefix=keys.prefix, identity_form="whole")
     link = _link(backend)
@@ -123,7 +131,7 @@ async def measure_committed_record(url: str, body_bytes: int = 100) -> dict[str,
         replay_calls = backend.requests[CALL] - before
         conv = keys.conversation(TENANT, CONVERSATION)
         committed = await _describe(link, conv.commit(SENDER, request.cmid))
-        pointer = await _describe(link, keys.pointer(TENANT, SENDER, request.cmid))
+        pointer = await _describe(link, keys.pointer(TENANT, SENDER, request.cmid).pointer)
         outboxed = await _describe(link, conv.commit(SENDER, await _outboxed(backend, body_bytes)))
         legacy = await _describe(link, conv.commit(SENDER, await _outboxed(whole, body_bytes)))
         return {

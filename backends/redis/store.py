@@ -1,33 +1,37 @@
-"""RedisMessageStore: the MessageStore and MembershipStore on Redis.
+"""RedisMessageStore: the MessageStore on Redis.
 
-It mirrors ``backends.memory`` step for step (that module is the
-behavioural spec); each transition is one script from
-``backends.redis.scripts`` over the keys of ``backends.redis.keys``.
-Retention is logical: committed records and history carry their expiry
-instants (from the injected clock) and read as absent once passed; a TTL
-on the compact commit and its key pointer (the logical lifetime plus
-``PHYSICAL_GRACE_MS``, relative, so clock skew between the service and the
-server cannot drop a record early) reclaims the memory, and history is
-trimmed as a prefix by the scripts that touch the conversation.
+It mirrors ``backends.memory`` step for step (that package is the behavioural
+spec); each transition is one script of ``backends.redis.commits``. Time is
+Redis's own (``TIME`` inside every script): expiry, the idempotency window,
+retention and the recovery queue are decided by the server, whatever the
+clocks of the replicas say. Retention is logical: committed records and
+history carry their expiry instants and read as absent once passed; a TTL
+on the compact commit and its key pointer (the window plus
+``PHYSICAL_GRACE_MS``) reclaims the memory, and history is trimmed as a
+prefix by the scripts that touch the conversation, never past an unfinished
+intent's seq.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal, cast
 
-from backends.redis import codec, scripts
-from backends.redis.keys import ConversationKeys, KeySpace
-from backends.redis.link import RedisLink, WriteRefused
-from service.domain.errors import (
-    StoreAlreadyExists,
-    StoreConflict,
-    StoreCorrupt,
-    StoreForbidden,
-    StoreNotFound,
+from backends.redis import codec, history
+from backends.redis.commits import (
+    COMMIT,
+    PUBLISH,
+    PUT_RECORD,
+    RESERVE,
+    CommitCalls,
+    raise_conflict,
+    status,
 )
-from service.domain.history import build_page
+from backends.redis.deployment import check_eviction, check_identity
+from backends.redis.link import Arg, WriteRefused
+from backends.redis.lua import Script
+from backends.redis.recovery import RedisRecoveryQueue
+from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound, StoreNotReplicated
 from service.domain.identity import WHOLE_HEADER, as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
@@ -37,71 +41,68 @@ from service.domain.model import (
     Committed,
     CommittedMessage,
     Conflict,
-    Direction,
     FrozenDeliveryInput,
     HistoryPage,
     HistoryQuery,
     InProgress,
     LoadedCommit,
-    Membership,
     OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryStats,
     ReserveCandidate,
     Reserved,
     ReserveResult,
 )
-from service.domain.ports import (
-    Clock,
-    MembershipStore,
-    MessageStore,
-    StoredCommit,
-    StoreSettings,
-)
+from service.domain.ports import Hook, MessageStore, StoredCommit, StoreSettings
 
 PHYSICAL_GRACE_MS = 10 * 60 * 1000
 """Added to the TTL of compact records: logical expiry decides, the TTL only
 cleans up after it."""
 
-_CONFLICTS = {
-    "absent": "no intent for this key",
-    "mismatch": "intent does not match the stored one",
-    "publication": "a different publication is already recorded",
-    "state": "the record is not written yet",
-    "record": "the record is missing from history",
-}
 
-
-def _status(reply: Any) -> tuple[bytes, list[Any]]:
-    if not isinstance(reply, list) or not reply or not isinstance(reply[0], bytes):
-        raise StoreCorrupt("redis gave an unexpected reply")
-    return reply[0], reply[1:]
-
-
-def _raise_conflict(rest: list[Any]) -> None:
-    reason = rest[0].decode("ascii", "replace") if rest and isinstance(rest[0], bytes) else ""
-    raise StoreConflict(_CONFLICTS.get(reason, "the stored state does not allow this step"))
-
-
-class RedisMessageStore(MessageStore, MembershipStore):
-    """MessageStore and MembershipStore over one Redis (see the package docs)."""
+class RedisMessageStore(MessageStore):
+    """MessageStore over one Redis deployment (see the package docs)."""
 
     atomic_publish_commit = True
 
     def __init__(
         self,
-        link: RedisLink,
-        keys: KeySpace,
+        calls: CommitCalls,
         settings: StoreSettings,
-        clock: Clock,
         identity_form: Literal["digest", "whole"] = "digest",
+        allow_eviction: bool = False,
+        scripts: tuple[Script, ...] = (),
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
-        self._link = link
-        self._keys = keys
+        self._calls = calls
+        self._keys = calls.keys
         self._settings = settings
-        self._clock = clock
         self._whole_identity = identity_form == "whole"  # what versions < 1 wrote
+        self._allow_eviction = allow_eviction
+        self._scripts = scripts
+        self._queue = RedisRecoveryQueue(calls)
+        self._wait = wait_replicas
+        self._wait_ms = wait_timeout_ms
 
-    def _now(self) -> str:
-        return str(self._clock.now_ms())
+    # --- acknowledgements that wait for replicas ---------------------------------
+
+    def _check_replicas(self, acked: int) -> None:
+        if acked < self._wait:
+            raise StoreNotReplicated(
+                f"redis: {acked} of the {self._wait} replicas MC_REDIS_WAIT_REPLICAS asks for"
+                " acknowledged the commit in time"
+            )
+
+    async def _replicated(self, loaded: LoadedCommit | None, tenant: str, conv: str) -> None:
+        """Before a committed result becomes an ACK, make sure replicas hold it."""
+        if self._wait and isinstance(loaded, Committed):
+            shard = self._keys.conversation(tenant, conv).shard
+            link = self._calls.link
+            self._check_replicas(
+                await link.replication_barrier(shard.barrier, self._wait, self._wait_ms)
+            )
 
     # --- reserve and load --------------------------------------------------
 
@@ -114,29 +115,19 @@ class RedisMessageStore(MessageStore, MembershipStore):
         key, conv = request.key, request.conversation
         ck = self._keys.conversation(key.tenant, conv)
         identity = request.stored_identity(self._whole_identity)
-        now = self._now()
-        # The record as history will hold it; the script allocates its seq.
-        record = request.record_at(0, candidate)
+        record = request.record_at(0, candidate)  # the script allocates its seq
+        shard = ck.shard
         try:
-            reply = await self._link.script(
-                scripts.RESERVE_SCRIPT,
-                [
-                    ck.meta,
-                    ck.commit(key.sender, key.cmid),
-                    self._keys.pointer(key.tenant, key.sender, key.cmid),
-                    self._keys.recovery,
-                ],
-                [
-                    now,
-                    conv,
-                    identity,
-                    codec.encode_record(record),
-                    candidate.message_id,
-                    candidate.server_ts_ms,
-                    codec.encode_delivery(delivery),
-                    self._keys.recovery_member(key.tenant, conv, key.sender, key.cmid),
-                ],
-            )
+            if not await self._calls.claim(key, conv):
+                return Conflict(key)
+            word, rest = await self._calls.run(
+                RESERVE,
+                [shard.identity, ck.meta, ck.commit(key.sender, key.cmid), ck.pinned,
+                 shard.queue, shard.created, shard.attempts, *self._calls.pointer_keys(key)],
+                [conv, identity, codec.encode_record(record), candidate.message_id,
+                 candidate.server_ts_ms, codec.encode_delivery(delivery),
+                 self._keys.queue_member(key.tenant, conv, key.sender, key.cmid)],
+            )  # fmt: skip
         except WriteRefused:
             # Out of memory or a read-only replica: a retry of a known key can
             # still be answered from what is stored (replays keep working).
@@ -144,70 +135,50 @@ class RedisMessageStore(MessageStore, MembershipStore):
             if known is None:
                 raise
             return known
-        status, rest = _status(reply)
-        if status == b"reserved":
-            seq = codec.to_int(rest[0] if rest else None)
+        if word == b"reserved" and len(rest) == 2:
             intent = CommitIntent(
                 key=key,
                 identity=identity,
-                record=replace(record, seq=seq),
+                record=replace(record, seq=codec.to_int(rest[0])),
                 delivery=delivery,
                 state=CommitState.RESERVED,
-                created_at_ms=int(now),
+                created_at_ms=codec.to_int(rest[1]),
             )
             return Reserved(intent)
-        if status == b"exists":
+        if word == b"exists":
             fields = codec.pairs(rest[0] if rest else [])
             if not request.matches_identity(fields.get(b"id", b"")):
                 return Conflict(key)
-            return _interpret(fields, key, conv)
-        if status == b"other":
+            loaded = _interpret(fields, key, conv)
+            await self._replicated(loaded, key.tenant, conv)
+            return loaded
+        if word == b"other":
             return Conflict(key)
-        if status == b"noconv":
+        if word == b"noconv":
             raise StoreNotFound("conversation not found")
         raise StoreCorrupt("redis gave an unexpected reply")
 
-    async def _load_in(
-        self, key: CommitKey, conversation: str
-    ) -> tuple[dict[bytes, bytes] | None, bool]:
-        """(fields of the live commit in ``conversation`` or None, whether the
-        key is live in another conversation)."""
-        ck = self._keys.conversation(key.tenant, conversation)
-        reply = await self._link.script(
-            scripts.LOAD_SCRIPT,
-            [ck.commit(key.sender, key.cmid), self._keys.pointer(key.tenant, key.sender, key.cmid)],
-            [self._now(), conversation],
-            write=False,
-        )
-        status, rest = _status(reply)
-        if status == b"here":
-            return codec.pairs(rest[0] if rest else []), False
-        if status in (b"other", b"none"):
-            return None, status == b"other"
-        raise StoreCorrupt("redis gave an unexpected reply")
-
     async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
-        fields, _ = await self._load_in(key, conversation)
-        return None if fields is None else _interpret(fields, key, conversation)
+        fields, _ = await self._calls.load_in(key, conversation)
+        loaded = None if fields is None else _interpret(fields, key, conversation)
+        await self._replicated(loaded, key.tenant, conversation)
+        return loaded
 
     async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
-        fields, elsewhere = await self._load_in(request.key, request.conversation)
+        fields, elsewhere = await self._calls.load_in(request.key, request.conversation)
         if fields is None:
             return Conflict(request.key) if elsewhere else None
         if not request.matches_identity(fields.get(b"id", b"")):
             return Conflict(request.key)
-        return _interpret(fields, request.key, request.conversation)
+        loaded = _interpret(fields, request.key, request.conversation)
+        await self._replicated(loaded, request.key.tenant, request.conversation)
+        return loaded
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
-        pointer = await self._link.call(
-            "HMGET", self._keys.pointer(key.tenant, key.sender, key.cmid), "c", "x", write=False
-        )
-        if not isinstance(pointer, list) or len(pointer) != 2 or pointer[0] is None:
+        conversation = await self._calls.pointed_conversation(key)
+        if conversation is None:
             return None
-        if pointer[1] is not None and codec.to_int(pointer[1]) <= self._clock.now_ms():
-            return None
-        conversation = codec.to_str(pointer[0])
-        fields, _ = await self._load_in(key, conversation)
+        fields, _ = await self._calls.load_in(key, conversation)
         if fields is None:
             return None
         identity = fields.get(b"id", b"")
@@ -219,39 +190,32 @@ class RedisMessageStore(MessageStore, MembershipStore):
 
     # --- transitions ---------------------------------------------------------
 
-    def _intent_args(self, intent: CommitIntent) -> tuple[ConversationKeys, str, list[Any]]:
+    def _intent_args(self, intent: CommitIntent) -> tuple[list[str], list[object]]:
         key, record = intent.key, intent.record
         if (record.tenant, record.sender, record.cmid) != (key.tenant, key.sender, key.cmid):
             raise StoreConflict("intent does not match the stored one")
         ck = self._keys.conversation(key.tenant, record.conversation)
-        commit_key = ck.commit(key.sender, key.cmid)
-        args = [self._now(), record.seq, codec.encode_record(record), record.message_id]
-        return ck, commit_key, args
+        keys = self._calls.transition_keys(ck, ck.commit(key.sender, key.cmid))
+        return keys, [record.seq, codec.encode_record(record), record.message_id]
 
     async def put_record(self, intent: CommitIntent) -> None:
-        ck, commit_key, args = self._intent_args(intent)
-        reply = await self._link.script(
-            scripts.PUT_RECORD_SCRIPT, [commit_key, ck.meta, ck.history, ck.expiry], args
-        )
-        status, rest = _status(reply)
-        if status == b"conflict":
-            _raise_conflict(rest)
+        keys, args = self._intent_args(intent)
+        word, rest = await self._calls.run(PUT_RECORD, keys, args)
+        if word == b"conflict":
+            raise_conflict(rest)
 
     async def mark_outbox_published(
         self, intent: CommitIntent, publication: OutboxPublication
     ) -> None:
-        ck, commit_key, args = self._intent_args(intent)
-        reply = await self._link.script(
-            scripts.PUBLISH_SCRIPT,
-            [commit_key, ck.meta, ck.history, ck.expiry],
-            [*args, publication.stream, publication.position],
+        keys, args = self._intent_args(intent)
+        word, rest = await self._calls.run(
+            PUBLISH, keys, [*args, publication.stream, publication.position]
         )
-        status, rest = _status(reply)
-        if status == b"conflict":
-            _raise_conflict(rest)
+        if word == b"conflict":
+            raise_conflict(rest)
 
     async def mark_published_and_committed(
-        self, intent: CommitIntent, publication: OutboxPublication
+        self, intent: CommitIntent, publication: OutboxPublication, between: Hook | None = None
     ) -> CommittedMessage:
         return await self._commit(intent, publication)
 
@@ -261,176 +225,85 @@ class RedisMessageStore(MessageStore, MembershipStore):
     async def _commit(
         self, intent: CommitIntent, publication: OutboxPublication | None
     ) -> CommittedMessage:
-        """One script for both COMMITTED steps: compact, drop the recovery
-        candidate, register the expiries."""
-        ck, commit_key, args = self._intent_args(intent)
-        key, now = intent.key, self._clock.now_ms()
+        """One script for both COMMITTED steps: compact, leave the queue, unpin,
+        register the expiries."""
+        keys, args = self._intent_args(intent)
+        key, conv = intent.key, intent.conversation
+        shard = self._keys.conversation(key.tenant, conv).shard
         s = self._settings
+        ttl = s.idempotency_window_ms + PHYSICAL_GRACE_MS
         whole = intent.identity if intent.identity.startswith(WHOLE_HEADER) else b""
-        reply = await self._link.script(
-            scripts.COMMIT_SCRIPT,
-            [
-                commit_key,
-                ck.meta,
-                ck.history,
-                ck.expiry,
-                self._keys.pointer(key.tenant, key.sender, key.cmid),
-                self._keys.recovery,
-            ],
-            [
-                *args,
-                "pc" if publication is not None else "c",
-                publication.stream if publication else "",
-                publication.position if publication else "",
-                now + s.idempotency_window_ms,
-                s.idempotency_window_ms + PHYSICAL_GRACE_MS,
-                now + s.history_retention_ms,
-                self._keys.recovery_member(key.tenant, intent.conversation, key.sender, key.cmid),
-                intent.conversation,
-                as_digest(intent.identity),
-                whole,
-            ],
-        )
-        status, rest = _status(reply)
-        if status == b"conflict":
-            _raise_conflict(rest)
-        if status != b"committed" or len(rest) != 3:
+        commit_keys = [*keys, shard.queue, shard.created, shard.attempts, shard.quarantine,
+                       *self._calls.pointer_keys(key)]  # fmt: skip
+        commit_args = [*args, "pc" if publication is not None else "c",
+             publication.stream if publication else "", publication.position if publication else "",
+             s.idempotency_window_ms, ttl, s.history_retention_ms,
+             self._keys.queue_member(key.tenant, conv, key.sender, key.cmid), conv,
+             as_digest(intent.identity), whole]  # fmt: skip
+        if self._wait:
+            reply, acked = await self._calls.link.script_and_wait(
+                COMMIT,
+                commit_keys,
+                cast(list[Arg], [*self._calls.head(), *commit_args]),
+                self._wait,
+                self._wait_ms,
+            )
+            word, rest = status(reply)
+            if word == b"committed":
+                self._check_replicas(acked)
+        else:
+            word, rest = await self._calls.run(COMMIT, commit_keys, commit_args)
+        if word == b"conflict":
+            raise_conflict(rest)
+        if word != b"committed" or len(rest) != 3:
             raise StoreCorrupt("redis gave an unexpected reply")
+        await self._calls.expire_pointer(key, conv, s.idempotency_window_ms, ttl)
         return CommittedMessage(
-            conversation=intent.conversation,
+            conversation=conv,
             cmid=key.cmid,
             message_id=codec.to_str(rest[0]),
             seq=codec.to_int(rest[1]),
             server_ts_ms=codec.to_int(rest[2]),
         )
 
-    # --- recovery and history -------------------------------------------------
+    # --- the recovery queue ------------------------------------------------------
 
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
-    ) -> list[CommitIntent]:
-        if max_items <= 0:
-            return []
-        members = await self._link.call(
-            "ZRANGE",
-            self._keys.recovery,
-            "-inf",
-            f"({older_than_ms}",
-            "BYSCORE",
-            "LIMIT",
-            0,
-            max_items,
-            write=False,
+    ) -> list[RecoveryItem]:
+        return await self._queue.scan(older_than_ms, max_items)
+
+    async def defer_recovery(
+        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
+    ) -> None:
+        await self._queue.defer(
+            item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
         )
-        if not isinstance(members, list) or not members:
-            return []
-        located: list[tuple[CommitKey, str, str]] = []
-        for member in members:
-            try:
-                tenant, conv, sender, cmid = self._keys.parse_recovery_member(codec.to_str(member))
-            except ValueError as exc:
-                raise StoreCorrupt("a recovery entry could not be decoded") from exc
-            commit_key = self._keys.conversation(tenant, conv).commit(sender, cmid)
-            located.append((CommitKey(tenant, sender, cmid), conv, commit_key))
-        replies = await self._link.pipeline([("HGETALL", c) for _, _, c in located], write=False)
-        found: list[CommitIntent] = []
-        for (key, conv, _), reply in zip(located, replies, strict=True):
-            fields = _hash_reply(reply)
-            if not fields or codec.state_of(fields) is CommitState.COMMITTED:
-                continue  # committed since the index was read
-            found.append(codec.intent_of(fields, key, conv))
-        return found
+
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        return await self._queue.quarantined(after, limit)
+
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
+        return await self._queue.item(key)
+
+    async def release_quarantined(self, key: CommitKey) -> bool:
+        return await self._queue.release(key)
+
+    async def recovery_stats(self) -> RecoveryStats:
+        return await self._queue.stats()
+
+    # --- history and readiness ---------------------------------------------------
 
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
-        ck = self._keys.conversation(query.tenant, query.conversation)
-        reply = await self._link.script(
-            scripts.HISTORY_SCRIPT,
-            [ck.meta, ck.members, ck.history, ck.expiry],
-            [
-                self._now(),
-                query.actor,
-                "b" if query.direction is Direction.BACKWARD else "f",
-                query.anchor_seq,
-                query.limit + 1,
-            ],
-        )
-        status, rest = _status(reply)
-        if status == b"noconv":
-            raise StoreNotFound("conversation not found")
-        if status == b"forbidden":
-            raise StoreForbidden("reader is not a member of the conversation")
-        if status != b"page" or len(rest) != 3 or not isinstance(rest[2], list):
-            raise StoreCorrupt("redis gave an unexpected reply")
-        candidates = (
-            codec.decode_history_member(query.tenant, query.conversation, m) for m in rest[2]
-        )
-        return build_page(
-            query,
-            candidates,
-            available_from_seq=codec.to_int(rest[0]),
-            last_seq=codec.to_int(rest[1]),
-        )
+        return await history.history_page(self._calls, query)
 
     async def readiness(self) -> None:
-        await self._link.scripts_ready(scripts.ALL)
-
-    # --- MembershipStore -----------------------------------------------------
-
-    async def create_conversation(
-        self, tenant: str, conversation: str, members: Iterable[str]
-    ) -> Membership:
-        users = frozenset(members)
-        ck = self._keys.conversation(tenant, conversation)
-        reply = await self._link.script(scripts.CREATE_SCRIPT, [ck.meta, ck.members], sorted(users))
-        status, _ = _status(reply)
-        if status == b"exists":
-            raise StoreAlreadyExists("conversation already exists")
-        return Membership(tenant, conversation, users, 1)
-
-    async def add_members(self, tenant: str, conversation: str, users: Iterable[str]) -> Membership:
-        return await self._change(tenant, conversation, "SADD", users)
-
-    async def remove_members(
-        self, tenant: str, conversation: str, users: Iterable[str]
-    ) -> Membership:
-        return await self._change(tenant, conversation, "SREM", users)
-
-    async def _change(
-        self, tenant: str, conversation: str, command: str, users: Iterable[str]
-    ) -> Membership:
-        ck = self._keys.conversation(tenant, conversation)
-        reply = await self._link.script(
-            scripts.CHANGE_MEMBERS_SCRIPT, [ck.meta, ck.members], [command, *sorted(set(users))]
-        )
-        status, rest = _status(reply)
-        if status == b"noconv":
-            raise StoreNotFound("conversation not found")
-        return _membership(tenant, conversation, rest)
-
-    async def membership(self, tenant: str, conversation: str) -> Membership | None:
-        ck = self._keys.conversation(tenant, conversation)
-        reply = await self._link.script(
-            scripts.MEMBERSHIP_SCRIPT, [ck.meta, ck.members], [], write=False
-        )
-        status, rest = _status(reply)
-        if status == b"none":
-            return None
-        return _membership(tenant, conversation, rest)
-
-
-def _membership(tenant: str, conversation: str, rest: list[Any]) -> Membership:
-    if len(rest) != 2 or not isinstance(rest[1], list):
-        raise StoreCorrupt("redis gave an unexpected reply")
-    members = frozenset(codec.to_str(m) for m in rest[1])
-    return Membership(tenant, conversation, members, codec.to_int(rest[0]))
-
-
-def _hash_reply(reply: Any) -> dict[bytes, bytes]:
-    if isinstance(reply, dict):
-        return {bytes(k): bytes(v) for k, v in reply.items()}
-    if isinstance(reply, list):
-        return codec.pairs(reply)
-    raise StoreCorrupt("redis gave an unexpected reply")
+        """PING-level reachability, this deployment's identity on every shard,
+        a non-evicting memory policy, and the scripts loaded on every server."""
+        link = self._calls.link
+        await check_identity(link, self._keys, self._calls.deployment)
+        await check_eviction(link, allow=self._allow_eviction)
+        await link.scripts_ready(self._scripts)
 
 
 def _interpret(fields: dict[bytes, bytes], key: CommitKey, conversation: str) -> LoadedCommit:

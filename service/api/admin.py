@@ -3,6 +3,11 @@
 Validates ids and sizes, calls the MembershipStore, and translates the
 store's errors into the CommitError family in one place (``_store_errors``),
 so the interceptor's table can answer them without any backend text.
+
+Membership is changed and listed in pages (up to 10,000 users per call, up to
+1,000 per listed page), so a conversation of a million members is managed
+like a small one. ListMembers' page token is opaque and pins the version the
+first page was read at (``service.domain.membership.page_token``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 from grpc import aio
 
 from service.api.errors import ConversationExists
+from service.domain import membership as rules
 from service.domain.errors import (
     ConversationNotFound,
     InvalidRequest,
@@ -24,7 +30,7 @@ from service.domain.errors import (
     Unavailable,
 )
 from service.domain.ids import check_id
-from service.domain.model import Membership
+from service.domain.model import MembershipInfo
 from service.domain.ports import MembershipStore
 from service.gen.message_committer.v1 import membership_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2_grpc
@@ -45,7 +51,10 @@ def _store_errors() -> Iterator[None]:
     except StoreAlreadyExists as exc:
         raise ConversationExists("conversation already exists") from exc
     except StoreInvalid as exc:
-        raise InvalidRequest("the membership request is not valid") from exc
+        raise InvalidRequest(
+            "the membership request cannot be served (a page token of a version that is"
+            " no longer readable?); start the listing again"
+        ) from exc
     except StoreUnavailable as exc:
         raise Unavailable("membership is unavailable: backend error") from exc
 
@@ -60,12 +69,12 @@ def _members(users: Sequence[str]) -> list[str]:
     return [check_id("members", user) for user in users]
 
 
-def _version(membership: Membership) -> pb.MembershipVersion:
+def _version(membership: MembershipInfo) -> pb.MembershipVersion:
     return pb.MembershipVersion(
         tenant=membership.tenant,
         conversation=membership.conversation,
         version=membership.version,
-        member_count=len(membership.members),
+        member_count=membership.member_count,
     )
 
 
@@ -108,12 +117,14 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         tenant, conversation = _conversation(request.tenant, request.conversation)
         if request.page_size > MAX_PAGE_SIZE:
             raise InvalidRequest(f"page_size must be at most {MAX_PAGE_SIZE}")
+        version, after = None, ""
         if request.page_token:
-            check_id("page_token", request.page_token)
+            version, after = rules.parse_page_token(request.page_token)
         with _store_errors():
-            page = await self._store.list_members(
-                tenant, conversation, request.page_token, request.page_size or DEFAULT_PAGE_SIZE
+            page = await self._store.members_at(
+                tenant, conversation, version, after, request.page_size or DEFAULT_PAGE_SIZE
             )
+        token = rules.page_token(page.version, page.next_after) if page.next_after else ""
         return pb.ListMembersResponse(
-            members=list(page.members), version=page.version, next_page_token=page.next_page_token
+            members=list(page.members), version=page.version, next_page_token=token
         )

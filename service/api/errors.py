@@ -47,6 +47,10 @@ class ConversationExists(CommitError):
     """CreateConversation met a conversation that already exists."""
 
 
+class RequestTooLarge(CommitError):
+    """The request is over the server's size limit (``MC_MAX_MESSAGE_BYTES``)."""
+
+
 class RemoteError(CommitError):
     """(client side) A status outside the table: INTERNAL, DEADLINE_EXCEEDED, ..."""
 
@@ -76,6 +80,7 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     IdempotencyConflict: StatusRule(grpc.StatusCode.ALREADY_EXISTS, "IDEMPOTENCY_CONFLICT"),
     ConversationExists: StatusRule(grpc.StatusCode.ALREADY_EXISTS, "CONVERSATION_EXISTS"),
     QuotaExceeded: StatusRule(grpc.StatusCode.RESOURCE_EXHAUSTED, "SENDER_QUOTA_EXCEEDED"),
+    RequestTooLarge: StatusRule(grpc.StatusCode.RESOURCE_EXHAUSTED, "REQUEST_TOO_LARGE"),
     Recoverable: StatusRule(
         grpc.StatusCode.UNAVAILABLE, "COMMIT_RECOVERABLE", retry_after_s=UNAVAILABLE_RETRY_S
     ),

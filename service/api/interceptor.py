@@ -54,8 +54,9 @@ _KINDS: tuple[tuple[str, str, Callable[..., Handler]], ...] = (
 class StatusInterceptor(aio.ServerInterceptor):
     """Maps exceptions to statuses and records per-RPC metrics."""
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
+    def __init__(self, metrics: ServiceMetrics, max_request_bytes: int = 0) -> None:
         self._metrics = metrics
+        self._max_request_bytes = max_request_bytes
         # method -> (the servicer's handler, our wrapped one): grpc hands back the
         # same registered handler for a method, so it is wrapped once, not per call.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
@@ -87,7 +88,7 @@ class StatusInterceptor(aio.ServerInterceptor):
         )
         deserializer = handler.request_deserializer
         if not handler.request_streaming and deserializer is not None:
-            deserializer = _lenient(deserializer)
+            deserializer = _lenient(deserializer, self._max_request_bytes)
         return make(
             wrapped,
             request_deserializer=deserializer,
@@ -111,7 +112,7 @@ class StatusInterceptor(aio.ServerInterceptor):
             except Exception as exc:
                 status = _status_for(exc, rpc)
                 code = status.code
-                await context.abort_with_status(status)
+                await _abort(context, status)
             finally:
                 self._handled(rpc, code, start)
 
@@ -134,7 +135,7 @@ class StatusInterceptor(aio.ServerInterceptor):
             except Exception as exc:
                 status = _status_for(exc, rpc)
                 code = status.code
-                await context.abort_with_status(status)
+                await _abort(context, status)
             finally:
                 self._handled(rpc, code, start)
 
@@ -145,25 +146,42 @@ class StatusInterceptor(aio.ServerInterceptor):
         return time.perf_counter()
 
     def _handled(self, rpc: _Rpc, code: grpc.StatusCode, start: float) -> None:
+        seconds = time.perf_counter() - start
         self._metrics.grpc_handled.labels(*rpc.labels, code.name).inc()
-        self._metrics.grpc_seconds.labels(*rpc.labels).observe(time.perf_counter() - start)
+        self._metrics.grpc_seconds.labels(*rpc.labels).observe(seconds)
+        if log.isEnabledFor(logging.DEBUG):  # the access log: method, code, time; no ids
+            log.debug("%s/%s %s in %.2f ms", rpc.service, rpc.method, code.name, seconds * 1e3)
 
 
-class _Undecodable:
-    """Stands in for a request whose bytes are not a message of the method's type."""
+async def _abort(context: aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
+    """``abort_with_status`` spelled as ``abort``, which a wrapping context (the
+    tracing interceptor's) sees, so the server span records the status code."""
+    await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-_UNDECODABLE = _Undecodable()
+class _Refused:
+    """Stands in for a request that was not decoded: its bytes are not a message
+    of the method's type, or there are too many of them."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
-def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """``deserializer``, except that bytes it cannot parse become ``_UNDECODABLE``.
+_UNDECODABLE = _Refused(InvalidRequest("the request is not a valid message of this method's type"))
 
-    Left to grpc, a parse error is answered UNKNOWN with the parser's own text;
-    this way the handler wrapper answers it from the table, INVALID_ARGUMENT.
+
+def _lenient(deserializer: Callable[[bytes], Any], max_bytes: int) -> Callable[[bytes], Any]:
+    """``deserializer``, except that bytes it cannot parse, or more than
+    ``max_bytes`` of them (0: no limit), become a ``_Refused``.
+
+    Left to grpc, a parse error is answered UNKNOWN with the parser's own text
+    and an oversized request RESOURCE_EXHAUSTED without details; this way the
+    handler wrapper answers both from the table, with ErrorInfo.
     """
 
     def deserialize(data: bytes) -> Any:
+        if max_bytes and len(data) > max_bytes:
+            return _Refused(errors.RequestTooLarge(f"the request is larger than {max_bytes} bytes"))
         try:
             return deserializer(data)
         except Exception:  # DecodeError, bad UTF-8 in a string field, ...
@@ -173,8 +191,8 @@ def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _check_decoded(request: Any) -> None:
-    if request is _UNDECODABLE:
-        raise InvalidRequest("the request is not a valid message of this method's type")
+    if isinstance(request, _Refused):
+        raise request.error
 
 
 def _status_for(exc: Exception, rpc: _Rpc) -> grpc.Status:

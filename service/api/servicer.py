@@ -64,10 +64,15 @@ class CommitterServicer(committer_pb2_grpc.MessageCommitterServiceServicer):
         if request.older_than_ms < 0:
             raise InvalidRequest("older_than_ms must not be negative")
         older_than = request.older_than_ms or self._clock.now_ms()
-        done = await self._committer.recover_due(
+        report = await self._committer.recover_due(
             older_than, request.max_items or DEFAULT_RECOVER_ITEMS
         )
-        return pb.RecoverDueResponse(recovered=done)
+        return pb.RecoverDueResponse(
+            recovered=report.committed,
+            scanned=report.scanned,
+            failed=report.failed,
+            quarantined=report.quarantined,
+        )
 
     async def History(self, request: pb.HistoryRequest, context: Context) -> pb.HistoryResponse:
         page = await self._committer.history(convert.history_query_from_proto(request))

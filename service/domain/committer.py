@@ -4,12 +4,22 @@ The only place a CommittedMessage (and so a SEND_ACK) comes from. It
 validates and freezes everything before reserve, then walks the state
 machine from whatever the durable state is; a lost response or another
 worker's advance is answered by re-reading the store and going forward.
+
+Admission is a point lookup at the current membership version and the
+delivery is frozen by reference to that version (DESIGN §9), so a send costs
+the same whatever the conversation's size. Recovery works the store's queue
+(DESIGN §12): one bad intent is retried later or quarantined, never a reason
+to stop.
+
+Logging: INFO and WARNING lines name the step and the error class only; the
+key (tenant, sender, cmid), which can name a person, is logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from typing import Protocol
 
 from service.domain.errors import (
@@ -32,6 +42,7 @@ from service.domain.faults import FaultPoint, FaultPoints
 from service.domain.ids import CommitKey
 from service.domain.limits import CommitLimits, SenderQuota, validate_history_query, validate_send
 from service.domain.model import (
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     CommitState,
@@ -43,10 +54,15 @@ from service.domain.model import (
     HistoryQuery,
     InProgress,
     LoadedCommit,
-    Membership,
+    OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryReport,
     ReserveCandidate,
+    Reserved,
 )
 from service.domain.ports import Clock, MembershipStore, MessageStore, Outbox, SystemClock
+from service.domain.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +73,15 @@ class CommitObserver(Protocol):
     def outcome(self, outcome: str, reason: str = "") -> None:
         """``outcome`` is committed, replayed, conflict, recoverable or rejected."""
 
-    def recovered(self, count: int, failed: int) -> None:
-        """One recovery run finished."""
+    def recovered(self, report: RecoveryReport) -> None:
+        """One recovery call finished."""
 
 
 class _NoObserver:
     def outcome(self, outcome: str, reason: str = "") -> None:
         pass
 
-    def recovered(self, count: int, failed: int) -> None:
+    def recovered(self, report: RecoveryReport) -> None:
         pass
 
 
@@ -92,6 +108,7 @@ class MessageCommitter:
         faults: FaultPoints | None = None,
         clock: Clock | None = None,
         observer: CommitObserver | None = None,
+        recovery: RecoveryPolicy | None = None,
         max_steps: int = 8,
     ) -> None:
         self._store = store
@@ -102,7 +119,11 @@ class MessageCommitter:
         self.faults = faults or FaultPoints()
         self._clock = clock or SystemClock()
         self._observer: CommitObserver = observer or _NoObserver()
+        self._policy = recovery or RecoveryPolicy()
         self._max_steps = max_steps
+        self._in_flight: Counter[CommitKey] = Counter()
+        self._sent_hook = lambda: self.faults.check(FaultPoint.OUTBOX_SENT_UNACKED)
+        self._between_hook = lambda: self.faults.check(FaultPoint.BETWEEN_MARKS)
 
     # --- commit ------------------------------------------------------------
 
@@ -114,46 +135,60 @@ class MessageCommitter:
     ) -> CommittedMessage:
         """Commit ``request`` with a caller-frozen delivery and candidate."""
         self._validate(request)
-        membership = await self._current_membership(request.tenant, request.conversation)
-        return await self._commit(request, delivery, candidate, membership)
+        admission = await self._admit(request)
+        return await self._commit(request, delivery, candidate, admission)
 
     async def commit_send(self, request: AuthenticatedSend) -> CommittedMessage:
-        """Commit ``request`` as the gRPC surface does: the delivery is frozen
-        from the membership store and the candidate made here."""
+        """Commit ``request`` as the gRPC surface does: admission and the version
+        the delivery is frozen at come from one point lookup, the candidate is
+        made here."""
         self._validate(request)
-        membership = await self._current_membership(request.tenant, request.conversation)
+        admission = await self._admit(request)
         now = self._clock.now_ms()
         candidate = ReserveCandidate(new_message_id(now), now)
-        return await self._commit(request, membership.delivery(), candidate, membership)
+        delivery = FrozenDeliveryInput.at_version(admission.version)
+        return await self._commit(request, delivery, candidate, admission)
 
     async def _commit(
         self,
         request: AuthenticatedSend,
         delivery: FrozenDeliveryInput,
         candidate: ReserveCandidate,
-        membership: Membership,
+        admission: Admission,
     ) -> CommittedMessage:
         key = request.key
-        if request.sender not in membership.members:
+        if not admission.member:
             return await self._existing_or_raise(
                 request, NotAMember("sender is not a member of the conversation"), "not_member"
             )
+        duplicate = self._in_flight[key] > 0  # a retry racing its own first attempt here
+        charged = False
+        if not duplicate:
+            try:
+                self._quota.take(request.tenant, request.sender)
+                charged = True
+            except QuotaExceeded as exc:
+                return await self._existing_or_raise(request, exc, "quota")
+        self._in_flight[key] += 1
         try:
-            self._quota.take(request.tenant, request.sender)
-        except QuotaExceeded as exc:
-            return await self._existing_or_raise(request, exc, "quota")
-        try:
-            result = await self._store.reserve(request, delivery, candidate)
-        except StoreError as exc:
-            raise self._recoverable(key, request.conversation, "reserve", exc) from exc
-        if isinstance(result, Committed):
-            self._observer.outcome("replayed")
-            return result.message
-        if isinstance(result, Conflict):
-            self._observer.outcome("conflict")
-            raise IdempotencyConflict(key)
-        self.faults.check(FaultPoint.AFTER_RESERVE)
-        return await self._drive(result.intent)
+            try:
+                result = await self._store.reserve(request, delivery, candidate)
+            except StoreError as exc:
+                raise self._recoverable(key, request.conversation, "reserve", exc) from exc
+            if charged and not isinstance(result, Reserved):
+                self._quota.refund(request.tenant, request.sender)  # a replay is never charged
+            if isinstance(result, Committed):
+                self._observer.outcome("replayed")
+                return result.message
+            if isinstance(result, Conflict):
+                self._observer.outcome("conflict")
+                raise IdempotencyConflict(key)
+            self.faults.check(FaultPoint.AFTER_RESERVE)
+            return await self._drive(result.intent)
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
 
     def _validate(self, request: AuthenticatedSend) -> None:
         try:
@@ -165,13 +200,16 @@ class MessageCommitter:
     async def _existing_or_raise(
         self, request: AuthenticatedSend, error: Exception, reason: str
     ) -> CommittedMessage:
-        """A rejected fresh send may still be a retry of an earlier, admitted one."""
+        """A refused fresh send may still be a retry of an earlier, admitted one."""
         loaded = await self._load(request.key, request.conversation, request)
         if isinstance(loaded, Committed):
             self._observer.outcome("replayed")
             return loaded.message
         if isinstance(loaded, InProgress):
             return await self._drive(loaded.intent)
+        if isinstance(loaded, Conflict):  # the key is another message's: that is the truth
+            self._observer.outcome("conflict")
+            raise IdempotencyConflict(request.key)
         self._observer.outcome("rejected", reason)
         raise error
 
@@ -179,6 +217,7 @@ class MessageCommitter:
 
     async def _drive(self, intent: CommitIntent) -> CommittedMessage:
         key, conversation = intent.key, intent.conversation
+        published: OutboxPublication | None = None  # an outbox ack this drive already holds
         for _ in range(self._max_steps):
             try:
                 if intent.state is CommitState.RESERVED:
@@ -187,13 +226,20 @@ class MessageCommitter:
                     intent = intent.advanced(CommitState.RECORDED)
                     continue
                 if intent.state is CommitState.RECORDED:
-                    return self._acked(await self._publish_and_commit(intent))
+                    if published is None:  # a failed mark reuses the ack, never republishes
+                        published = await self._outbox.publish(intent, self._sent_hook)
+                        self.faults.check(FaultPoint.AFTER_OUTBOX_ACK)
+                    committed = await self._store.mark_published_and_committed(
+                        intent, published, self._between_hook
+                    )
+                    return self._acked(committed)
                 if intent.state is CommitState.OUTBOXED:
                     return self._acked(await self._store.mark_committed(intent))
                 return self._acked(intent.committed_message())
             except (StoreConflict, StoreUnavailable) as exc:
                 # A lost reply or a concurrent worker: the store knows the truth.
-                log.info("commit %s re-reads after %s", key, type(exc).__name__)
+                log.info("commit re-reads its intent after %s", type(exc).__name__)
+                log.debug("commit %s re-reads after %s", key, type(exc).__name__)
                 loaded = await self._load(key, conversation)
                 if isinstance(loaded, Committed):
                     return self._acked(loaded.message)
@@ -203,17 +249,7 @@ class MessageCommitter:
             except StoreError as exc:  # corrupt data, a vanished conversation: never an ACK
                 raise self._recoverable(key, conversation, "store refused", exc) from exc
         self._observer.outcome("recoverable", "no_progress")
-        raise Recoverable(key, conversation, "no progress after retries")
-
-    async def _publish_and_commit(self, intent: CommitIntent) -> CommittedMessage:
-        publication = await self._outbox.publish(intent)
-        self.faults.check(FaultPoint.OUTBOX_SENT_UNACKED)
-        self.faults.check(FaultPoint.AFTER_OUTBOX_ACK)
-        if self._store.atomic_publish_commit:
-            return await self._store.mark_published_and_committed(intent, publication)
-        await self._store.mark_outbox_published(intent, publication)
-        self.faults.check(FaultPoint.BETWEEN_MARKS)
-        return await self._store.mark_committed(intent.advanced(CommitState.OUTBOXED, publication))
+        raise Recoverable(key, conversation, "no progress after retries", "NoProgress")
 
     def _acked(self, message: CommittedMessage) -> CommittedMessage:
         self.faults.check(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
@@ -233,9 +269,11 @@ class MessageCommitter:
     def _recoverable(
         self, key: CommitKey, conversation: str, step: str, exc: Exception
     ) -> Recoverable:
-        log.warning("commit %s stopped at %s: %s", key, step, type(exc).__name__)
+        cause = type(exc).__name__
+        log.warning("commit stopped at %s: %s", step, cause)
+        log.debug("commit %s stopped at %s: %s", key, step, cause)
         self._observer.outcome("recoverable", step)
-        return Recoverable(key, conversation, f"{step} failed")
+        return Recoverable(key, conversation, f"{step} failed", cause)
 
     # --- resume and recovery -----------------------------------------------
 
@@ -264,24 +302,87 @@ class MessageCommitter:
             return loaded.message
         return await self._drive(loaded.intent)
 
-    async def recover_due(self, older_than_ms: int, max_items: int) -> int:
-        """Drive unfinished intents created before ``older_than_ms``; return how
-        many reached COMMITTED. One intent's failure does not stop the rest."""
+    async def recover_due(self, older_than_ms: int, max_items: int) -> RecoveryReport:
+        """Work the recovery queue: drive the due intents created (or due again)
+        before ``older_than_ms``. A failure pushes that item back with a delay
+        or quarantines it; it never stops the others."""
         if max_items <= 0:
             raise InvalidRequest("max_items must be positive")
         try:
-            intents = await self._store.scan_recoverable_commits(older_than_ms, max_items)
+            items = await self._store.scan_recoverable_commits(older_than_ms, max_items)
         except StoreError as exc:
             raise Unavailable("recovery scan failed: backend unavailable") from exc
-        done = failed = 0
-        for intent in intents:
+        committed = failed = quarantined = 0
+        for item in items:
+            if item.intent is None:  # undecodable: no attempt can succeed
+                quarantined += await self._defer(item, item.problem or "undecodable", force=True)
+                continue
             try:
-                await self._drive(intent)
-                done += 1
-            except Recoverable:
+                await self._drive(item.intent)
+                committed += 1
+            except Recoverable as exc:
                 failed += 1
-        self._observer.recovered(done, failed)
-        return done
+                quarantined += await self._defer(item, f"{exc.cause} at {exc.reason}")
+        report = RecoveryReport(len(items), committed, failed, quarantined)
+        self._observer.recovered(report)
+        return report
+
+    async def _defer(self, item: RecoveryItem, problem: str, *, force: bool = False) -> int:
+        """Push a failed item back (or quarantine it); 1 when it was quarantined."""
+        attempts = item.attempts + 1
+        quarantine = force or self._policy.quarantines(attempts)
+        try:
+            await self._store.defer_recovery(
+                item,
+                retry_after_ms=self._policy.retry_after_ms(attempts),
+                quarantine=quarantine,
+                problem=problem,
+            )
+        except StoreError as exc:  # the next scan sees the item as due again
+            log.warning("recovery could not record a failed attempt: %s", type(exc).__name__)
+            return 0
+        if quarantine:
+            log.warning("recovery quarantined an intent after %d attempt(s): %s", attempts, problem)
+            log.debug("recovery quarantined %s", item.key)
+        return 1 if quarantine else 0
+
+    # --- the quarantine, for operators ---------------------------------------
+
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        """One page of quarantined intents."""
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("page_size must be between 1 and 1000")
+        try:
+            return await self._store.quarantined(after, limit)
+        except StoreInvalid as exc:
+            raise InvalidRequest("page_token is not one this service issued") from exc
+        except StoreError as exc:
+            raise Unavailable("the recovery queue is unavailable: backend error") from exc
+
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem:
+        """The queue item of ``key`` (queued or quarantined), for inspection."""
+        key.validate()
+        try:
+            item = await self._store.recovery_item(key)
+        except StoreError as exc:
+            raise Unavailable("the recovery queue is unavailable: backend error") from exc
+        if item is None:
+            raise CommitNotFound("no unfinished intent for this key")
+        return item
+
+    async def retry_quarantined(self, key: CommitKey) -> CommittedMessage:
+        """Put a quarantined intent back in the queue and try it now."""
+        item = await self.recovery_item(key)
+        try:
+            await self._store.release_quarantined(key)
+        except StoreError as exc:
+            raise Unavailable("the recovery queue is unavailable: backend error") from exc
+        loaded = await self._load(key, item.conversation)
+        if isinstance(loaded, Committed):
+            return loaded.message
+        if not isinstance(loaded, InProgress):
+            raise CommitNotFound("no unfinished intent for this key")
+        return await self._drive(loaded.intent)
 
     # --- reads -------------------------------------------------------------
 
@@ -295,7 +396,7 @@ class MessageCommitter:
         except StoreNotFound as exc:
             raise ConversationNotFound("conversation not found") from exc
         except StoreInvalid as exc:
-            raise InvalidRequest(str(exc)) from exc
+            raise InvalidRequest("the history request cannot be served as asked") from exc
         except StoreError as exc:
             raise Unavailable("history is unavailable: backend error") from exc
 
@@ -307,12 +408,15 @@ class MessageCommitter:
         except StoreError as exc:
             raise Unavailable(f"backend not ready: {exc}") from exc
 
-    async def _current_membership(self, tenant: str, conversation: str) -> Membership:
+    async def _admit(self, request: AuthenticatedSend) -> Admission:
+        """The sender's admission at the current membership version (a point lookup)."""
         try:
-            membership = await self._membership.membership(tenant, conversation)
+            admission = await self._membership.admission(
+                request.tenant, request.conversation, request.sender
+            )
         except StoreError as exc:
             raise Unavailable("membership is unavailable: backend error") from exc
-        if membership is None:
+        if admission is None:
             self._observer.outcome("rejected", "no_conversation")
             raise ConversationNotFound("conversation not found")
-        return membership
+        return admission

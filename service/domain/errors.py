@@ -4,7 +4,11 @@
 
     StoreError                   raised by a MessageStore / MembershipStore / Outbox
     ├── StoreUnavailable         the dependency did not answer (connection, timeout);
-    │   └── StoreOutcomeUnknown  a write was sent but its outcome is unknown
+    │   ├── StoreOutcomeUnknown  a write was sent but its outcome is unknown
+    │   │   └── StoreNotReplicated  applied, but not on enough replicas yet
+    │   ├── StoreWiped           the data is not this deployment's any more (wiped,
+    │   │                        replaced, an empty replica promoted)
+    │   └── StoreMisconfigured   a backend setting could lose ACKed data (eviction)
     ├── StoreConflict            a conditional step was refused: wrong prior state,
     │                            a different publication, a missing record
     ├── StoreNotFound            the addressed thing does not exist (conversation, ...)
@@ -48,12 +52,40 @@ class StoreError(Exception):
 class StoreUnavailable(StoreError):
     """The backend could not be reached or did not answer in time."""
 
+    operator_hint: str = ""
+    """A fixed sentence for readiness and the start-up error, when the cause is
+    something an operator must act on (never backend text)."""
+
+
+class StoreWiped(StoreUnavailable):
+    """The backend no longer holds this deployment's data: wiped, replaced or
+    an empty replica promoted. Never silently re-initialised."""
+
+    operator_hint = (
+        "the backend's deployment identity is missing or different: its data was wiped"
+        " or replaced; restore it, or initialise a new one on purpose with"
+        " `message-committer migrate`"
+    )
+
+
+class StoreMisconfigured(StoreUnavailable):
+    """The backend runs with a setting that can lose acknowledged data."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.operator_hint = hint
+
 
 class StoreOutcomeUnknown(StoreUnavailable):
     """A write was sent but whether it applied is unknown (e.g. CAS timeout).
 
     Callers must re-read the durable state before deciding anything.
     """
+
+
+class StoreNotReplicated(StoreOutcomeUnknown):
+    """A write applied on the primary but too few replicas acknowledged it in time:
+    a failover now could lose it, so it is not yet an ACK (retry the same key)."""
 
 
 class StoreConflict(StoreError):
@@ -128,11 +160,14 @@ class Recoverable(CommitError):
     Never a success: no ACK may be built from it.
     """
 
-    def __init__(self, key: CommitKey, conversation: str, reason: str) -> None:
+    def __init__(self, key: CommitKey, conversation: str, reason: str, cause: str = "") -> None:
         super().__init__(f"commit not finished ({reason}); retry with the same key")
         self.key = key
         self.conversation = conversation
         self.reason = reason
+        self.cause = cause
+        """The class name of the store error that stopped it (for the recovery
+        queue and logs; never shown to callers)."""
 
 
 class CommitNotFound(CommitError):

@@ -12,6 +12,7 @@ body reference uri     2048 B    InvalidRequest; size_bytes 0..1 TiB; sha256
 custom_type            64 chars  InvalidRequest; required for CUSTOM, forbidden
                                  otherwise; same characters as ids
 mentions               100       InvalidRequest; each a valid user id, no repeats
+reply_to               -         InvalidRequest unless empty or a message id
 history page           1..200    InvalidRequest; max_bytes 1 KiB..4 MiB;
                                  anchor_seq 0..2^63-1
 sends per sender       50/s      QuotaExceeded, burst 200 (0 disables)
@@ -30,6 +31,7 @@ from service.domain.ids import check_cmid, check_id
 from service.domain.model import AuthenticatedSend, HistoryQuery, MessageType
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_MESSAGE_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _TB = 1 << 40
 MAX_SEQ = (1 << 63) - 1
 """The largest sequence number any backend can hold (a signed 64-bit integer in
@@ -72,8 +74,10 @@ def validate_send(request: AuthenticatedSend, limits: CommitLimits) -> None:
     check_id("sender", request.sender)
     check_id("device", request.device)
     check_id("conversation", request.conversation)
-    if request.reply_to:
-        check_id("reply_to", request.reply_to)
+    if request.reply_to and not _MESSAGE_ID_RE.fullmatch(request.reply_to):
+        raise InvalidRequest(
+            "reply_to must be a message id (36 characters: lowercase hex in 8-4-4-4-12 groups)"
+        )
     _validate_content(request, limits)
     if len(request.mentions) > limits.max_mentions:
         raise InvalidRequest(f"at most {limits.max_mentions} mentions are allowed")
@@ -136,8 +140,10 @@ class SenderQuota:
     """A token bucket per (tenant, sender), kept for the most recent senders.
 
     Per replica and in memory: it sheds abuse, it is not a billing meter.
-    Replays of committed keys are not charged (the committer asks only for
-    fresh reservations).
+    Only fresh reservations are charged: the committer takes a token before
+    reserve and refunds it when the reserve was a replay, a retry of an
+    unfinished intent or a conflict; a duplicate of a send this replica is
+    committing right now takes none. Over quota, a replay is still answered.
     """
 
     def __init__(self, limits: CommitLimits, max_senders: int = 100_000) -> None:
@@ -162,3 +168,13 @@ class SenderQuota:
         self._buckets[key] = (tokens - 1.0, now)
         if len(self._buckets) > self._max:
             self._buckets.popitem(last=False)
+
+    def refund(self, tenant: str, sender: str) -> None:
+        """Give back the token of a send that turned out to be a replay or a retry
+        of an in-flight one (it reserved nothing)."""
+        if self._rate <= 0:
+            return
+        key = (tenant, sender)
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets[key] = (min(self._burst, bucket[0] + 1.0), bucket[1])

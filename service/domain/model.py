@@ -102,10 +102,26 @@ class AuthenticatedSend:
 
 @dataclass(frozen=True, slots=True)
 class FrozenDeliveryInput:
-    """Recipients fixed at commit time and the membership version they came from."""
+    """The delivery facts fixed before reserve, never replaced by later membership.
 
-    recipients: tuple[str, ...]
+    Current form (DESIGN §9): by reference, ``recipients`` is None and the
+    recipients are the conversation's members at ``membership_version``, which
+    the membership store keeps readable in pages while anything refers to it.
+    So a send costs the same in a 4-member and a million-member conversation.
+    Legacy form (release 1, still read and committed): the recipient ids inline.
+    """
+
+    recipients: tuple[str, ...] | None
     membership_version: int
+
+    @classmethod
+    def at_version(cls, version: int) -> FrozenDeliveryInput:
+        """The by-reference form: the members of the conversation at ``version``."""
+        return cls(None, version)
+
+    @property
+    def by_reference(self) -> bool:
+        return self.recipients is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,21 +314,38 @@ class HistoryPage:
 
 
 @dataclass(frozen=True, slots=True)
-class Membership:
-    """A conversation's members at one version."""
+class MembershipInfo:
+    """A conversation's membership version and size (what a change returns)."""
 
     tenant: str
     conversation: str
-    members: frozenset[str]
     version: int
+    member_count: int
 
-    def delivery(self) -> FrozenDeliveryInput:
-        return FrozenDeliveryInput(tuple(sorted(self.members)), self.version)
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A point lookup at the current version: is the user a member now?"""
+
+    version: int
+    member: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MembersSlice:
+    """Members of one version in user-id order, as a store reads them.
+
+    ``next_after`` continues the listing (pass it as ``after``); "" at the end.
+    """
+
+    members: tuple[str, ...]
+    version: int
+    next_after: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class MemberPage:
-    """One page of a conversation's members, sorted by user id."""
+    """One page of ListMembers: sorted user ids and an opaque continuation token."""
 
     members: tuple[str, ...]
     version: int
@@ -321,11 +354,83 @@ class MemberPage:
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
-    """One message as the outbox handed it to downstream delivery."""
+    """One message as the outbox handed it to downstream delivery.
+
+    ``recipients`` is None for a delivery frozen by reference: the recipients
+    are the conversation's members at ``membership_version``.
+    """
 
     publication: OutboxPublication
     tenant: str
     conversation: str
     seq: int
     message_id: str
-    recipients: tuple[str, ...]
+    recipients: tuple[str, ...] | None
+    membership_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxPage:
+    """Outbox entries and the token to read on from (the same token again, and
+    no entries, once everything written so far was read)."""
+
+    entries: tuple[OutboxEntry, ...]
+    next_after: str
+
+
+# --- the recovery queue ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryItem:
+    """One unfinished intent in the recovery queue (DESIGN §12).
+
+    ``intent`` is None when the stored intent could not be decoded; then
+    ``problem`` says why (an error class, never stored content). After a failed
+    attempt ``problem`` names the last failure. A quarantined item is kept,
+    never deleted and never ACKed, until an operator retries it.
+    """
+
+    key: CommitKey
+    conversation: str
+    created_at_ms: int
+    attempts: int = 0
+    intent: CommitIntent | None = None
+    problem: str = ""
+    quarantined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What one ``recover_due`` call did."""
+
+    scanned: int = 0
+    committed: int = 0
+    failed: int = 0
+    quarantined: int = 0
+
+    def __add__(self, other: RecoveryReport) -> RecoveryReport:
+        return RecoveryReport(
+            self.scanned + other.scanned,
+            self.committed + other.committed,
+            self.failed + other.failed,
+            self.quarantined + other.quarantined,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStats:
+    """The recovery queue at a glance (for gauges): no scan of intents needed."""
+
+    oldest_unfinished_ms: int | None
+    """Creation time of the oldest unfinished intent still in the queue (the
+    quarantined ones have an alert of their own)."""
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinePage:
+    """Quarantined items in a stable order, and where the next page starts ("" = end)."""
+
+    items: tuple[RecoveryItem, ...]
+    next_token: str = ""

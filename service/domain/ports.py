@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from service.domain.errors import StoreNotFound
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     Committed,
@@ -27,10 +27,13 @@ from service.domain.model import (
     HistoryQuery,
     InProgress,
     LoadedCommit,
-    MemberPage,
-    Membership,
-    OutboxEntry,
+    MembershipInfo,
+    MembersSlice,
+    OutboxPage,
     OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryStats,
     ReserveCandidate,
     ReserveResult,
 )
@@ -65,6 +68,17 @@ class ManualClock:
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetClock:
+    """Wall-clock time plus a fixed offset: a replica whose clock is wrong
+    (``MC_TEST_CLOCK_OFFSET``; tests and the nemesis only)."""
+
+    offset_ms: int
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+
+@dataclass(frozen=True, slots=True)
 class StoreSettings:
     """Retention settings every backend honours."""
 
@@ -73,7 +87,19 @@ class StoreSettings:
     intents never expire."""
 
     history_retention_ms: int = 30 * DAY_MS
-    """How long a committed message stays readable in history, from commit."""
+    """How long a committed message stays readable in history, from commit.
+    Never shorter than the idempotency window (``validate``)."""
+
+    def validate(self) -> StoreSettings:
+        """Refuse a retention that would drop a record whose key still replays."""
+        if self.idempotency_window_ms <= 0 or self.history_retention_ms <= 0:
+            raise ValueError("retention and the idempotency window must be positive")
+        if self.history_retention_ms < self.idempotency_window_ms:
+            raise ValueError(
+                "history retention must be at least the idempotency window: a replayed ACK"
+                " must point at a record history still holds"
+            )
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +116,15 @@ class StoredCommit:
     committed: CommittedMessage | None
 
 
+Hook = Callable[[], None]
+
+
 class MessageStore(abc.ABC):
     """The commit fact source. Every step is conditional, retry-safe, forward-only."""
 
     atomic_publish_commit: bool = False
-    """True when ``mark_published_and_committed`` is one atomic backend step."""
+    """True when ``mark_published_and_committed`` is one atomic backend step (a
+    capability the store declares; the committer does not branch on it)."""
 
     @abc.abstractmethod
     async def reserve(
@@ -125,15 +155,19 @@ class MessageStore(abc.ABC):
         """OUTBOXED → COMMITTED; only with evidence of record and publication."""
 
     async def mark_published_and_committed(
-        self, intent: CommitIntent, publication: OutboxPublication
+        self, intent: CommitIntent, publication: OutboxPublication, between: Hook | None = None
     ) -> CommittedMessage:
         """RECORDED + publication → COMMITTED.
 
         Backends with an atomic step override this (and set
-        ``atomic_publish_commit``). The default is the two-step path: if the
-        second step fails, OUTBOXED with its publication stays recoverable.
+        ``atomic_publish_commit``); they never call ``between``. The default is
+        the two-step path, with ``between`` called after the publish-mark (the
+        committer's M-COMMIT-05): if the second step fails, OUTBOXED with its
+        publication stays recoverable.
         """
         await self.mark_outbox_published(intent, publication)
+        if between is not None:
+            between()
         return await self.mark_committed(intent.advanced(intent.state, publication))
 
     @abc.abstractmethod
@@ -157,12 +191,47 @@ class MessageStore(abc.ABC):
             return Conflict(request.key)
         return _interpret(stored)
 
+    # --- the recovery queue (DESIGN §12) ------------------------------------------
+
     @abc.abstractmethod
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
-    ) -> list[CommitIntent]:
-        """Unfinished intents created before ``older_than_ms``, oldest first,
-        at most ``max_items``, read from a recovery index (never a full scan)."""
+    ) -> list[RecoveryItem]:
+        """Due items of the recovery queue, read from an index (never a full scan).
+
+        An item is due when it is not quarantined and its due time is before
+        ``older_than_ms``: its creation time at first, after a failed attempt
+        the retry time ``defer_recovery`` set. Oldest due first, at most
+        ``max_items``. An intent that cannot be decoded is returned with
+        ``intent=None`` and ``problem`` set: one bad entry never fails a scan.
+        """
+
+    @abc.abstractmethod
+    async def defer_recovery(
+        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
+    ) -> None:
+        """Record a failed attempt: ``attempts + 1`` and due again ``retry_after_ms``
+        from now (by the store's time), or quarantined. Nothing when the key
+        has been committed or reserved anew meanwhile."""
+
+    @abc.abstractmethod
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        """Quarantined items in a stable order, from the token ``after`` ("" = start)."""
+
+    @abc.abstractmethod
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
+        """The queue item of ``key`` (queued or quarantined), or None when the key
+        has no unfinished intent."""
+
+    @abc.abstractmethod
+    async def release_quarantined(self, key: CommitKey) -> bool:
+        """Move a quarantined item back into the queue, due now, attempts 0;
+        False when ``key`` is not quarantined."""
+
+    @abc.abstractmethod
+    async def recovery_stats(self) -> RecoveryStats:
+        """The oldest queued (not quarantined) intent's creation time and the
+        quarantine size, from the indexes alone."""
 
     @abc.abstractmethod
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
@@ -185,51 +254,67 @@ def _interpret(stored: StoredCommit) -> LoadedCommit:
 
 
 class MembershipStore(abc.ABC):
-    """Conversations and their members, with a version bumped on every change."""
+    """Conversations and their members, versioned (DESIGN §9).
+
+    Every change makes a new version; a version's member set stays readable
+    (``members_at``) so a delivery frozen at it resolves to the same
+    recipients forever. Nothing here reads or writes a whole member set at
+    once: changes and listings go in pages, admission is a point lookup.
+    """
 
     @abc.abstractmethod
     async def create_conversation(
         self, tenant: str, conversation: str, members: Iterable[str]
-    ) -> Membership:
-        """Create at version 1; StoreAlreadyExists when it exists."""
+    ) -> MembershipInfo:
+        """Create at version 1 with ``members``; StoreAlreadyExists when it exists."""
 
     @abc.abstractmethod
-    async def add_members(self, tenant: str, conversation: str, users: Iterable[str]) -> Membership:
-        """Add users (already-members are ignored); the version moves only on change."""
+    async def add_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        """Add users (already-members are ignored); a new version only on change."""
 
     @abc.abstractmethod
     async def remove_members(
         self, tenant: str, conversation: str, users: Iterable[str]
-    ) -> Membership:
-        """Remove users (non-members are ignored); the version moves only on change."""
+    ) -> MembershipInfo:
+        """Remove users (non-members are ignored); a new version only on change."""
 
     @abc.abstractmethod
-    async def membership(self, tenant: str, conversation: str) -> Membership | None:
-        """The current membership, or None when the conversation does not exist."""
+    async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
+        """Is ``user`` a member at the current version (a point lookup)? None when
+        the conversation does not exist."""
 
-    async def list_members(
-        self, tenant: str, conversation: str, page_token: str, limit: int
-    ) -> MemberPage:
-        """Members sorted by id, after ``page_token`` (the last id of the previous page)."""
-        current = await self.membership(tenant, conversation)
-        if current is None:
-            raise StoreNotFound("conversation not found")
-        ordered = sorted(m for m in current.members if m > page_token)
-        page = tuple(ordered[:limit])
-        more = len(ordered) > limit
-        return MemberPage(page, current.version, page[-1] if more and page else "")
+    @abc.abstractmethod
+    async def members_at(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice:
+        """Members at ``version`` (None: the current one) whose id sorts after
+        ``after``, at most ``limit``, in id order. StoreNotFound without the
+        conversation, StoreInvalid for a version it never had."""
+
+    @abc.abstractmethod
+    async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
+        """The current version and member count, or None without the conversation."""
 
 
 class Outbox(abc.ABC):
     """Hands committed messages to downstream delivery, at least once."""
 
     @abc.abstractmethod
-    async def publish(self, intent: CommitIntent) -> OutboxPublication:
-        """Append the record's delivery entry; return its durable position."""
+    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+        """Append the record's delivery entry; return its durable position.
+
+        ``sent`` is called once the append has reached the outbox, before its
+        position is handed back: the committer's M-COMMIT-03 ("sent, ack not
+        seen") fires there, inside the call.
+        """
 
     @abc.abstractmethod
-    async def read(self, after: str, limit: int) -> list[OutboxEntry]:
-        """Entries after position ``after`` ("" = from the start), in order."""
+    async def read(self, after: str, limit: int) -> OutboxPage:
+        """Entries after the token ``after`` ("" = from the start), partition by
+        partition, each in order (for tests and tools; the relay consumes
+        partitions with leases)."""
 
     @abc.abstractmethod
     async def readiness(self) -> None:

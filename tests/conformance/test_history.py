@@ -20,6 +20,8 @@ from service.domain.ports import Backend, StoreSettings, SystemClock
 from tests.conformance.harness import Harness
 from tests.support import committer, conversation, send, text, unique
 
+REPLY_TO = "01a22a20-5697-7d07-b8d6-97d3bdc6084c"
+
 
 async def _seeded(backend: Backend, count: int) -> tuple[str, MessageCommitter]:
     tenant = unique("t")
@@ -78,7 +80,7 @@ async def test_types_custom_types_and_body_references_are_preserved(harness: Har
         MessageContent(MessageType.TEXT, "héllo wörld ✓".encode()),
     ]
     reqs = [
-        send(tenant, content=content, mentions=("bob",), reply_to="m-0", device=f"d{i}")
+        send(tenant, content=content, mentions=("bob",), reply_to=REPLY_TO, device=f"d{i}")
         for i, content in enumerate(contents)
     ]
     for req in reqs:
@@ -86,7 +88,7 @@ async def test_types_custom_types_and_body_references_are_preserved(harness: Har
     page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.FORWARD))
     assert [r.content for r in page.records] == contents
     assert [r.device for r in page.records] == ["d0", "d1", "d2", "d3"]
-    assert all(r.mentions == ("bob",) and r.reply_to == "m-0" for r in page.records)
+    assert all(r.mentions == ("bob",) and r.reply_to == REPLY_TO for r in page.records)
     assert [(r.cmid, r.sender) for r in page.records] == [(q.cmid, q.sender) for q in reqs]
 
 
@@ -124,7 +126,7 @@ async def test_non_members_and_unknown_conversations_cannot_read(harness: Harnes
 async def test_history_expires_after_retention_and_reports_the_boundary(
     harness: Harness,
 ) -> None:
-    settings = StoreSettings(history_retention_ms=1000, idempotency_window_ms=60_000)
+    settings = StoreSettings(history_retention_ms=1000, idempotency_window_ms=1000)
     backend = await harness.open(settings=settings, clock=SystemClock())
     tenant = unique("t")
     await conversation(backend, tenant)

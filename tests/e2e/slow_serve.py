@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import backends.memory as memory
+from backends.memory.members import MemoryMembershipStore
 from service.cli import main
 from service.domain.model import CommitIntent
 from service.domain.ports import Backend
@@ -27,8 +28,15 @@ class SlowStore(memory.MemoryMessageStore):
 
 
 def open_slow_backend(*args: Any, **kwargs: Any) -> Backend:
-    store = SlowStore(*args, **kwargs)
-    return Backend("memory", store, store, memory.MemoryOutbox(store.state), durable=False)
+    backend = original_open(*args, **kwargs)
+    fast = backend.store
+    assert isinstance(fast, memory.MemoryMessageStore)
+    assert isinstance(backend.membership, MemoryMembershipStore)
+    backend.store = SlowStore(fast.state, backend.membership, fast._settings, fast._clock)
+    return backend
+
+
+original_open = memory.open_memory_backend
 
 
 if __name__ == "__main__":

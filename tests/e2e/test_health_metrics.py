@@ -136,7 +136,7 @@ async def test_metrics_endpoint_exports_every_series(running: Running) -> None:
         return gauge.samples[0].value > 0
 
     await eventually(aged)
-    assert await client.recover_due() == 1
+    assert (await client.recover_due()).committed == 1
 
     families = {f.name: f for f in text_string_to_metric_families(await _metrics(running))}
     samples = [s for f in families.values() for s in f.samples]

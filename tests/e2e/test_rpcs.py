@@ -89,13 +89,18 @@ async def test_every_rpc_round_trips(chat: Running) -> None:
     acks = [
         await client.commit(send(T, cmid="a", content=text("one"), mentions=("bob",))),
         await client.commit(send(T, cmid="b", content=image, sender="bob")),
-        await client.commit(send(T, cmid="c", content=custom, reply_to="msg-1")),
+        await client.commit(
+            send(T, cmid="c", content=custom, reply_to="01a22a20-5697-7d07-b8d6-97d3bdc6084c")
+        ),
     ]
     assert [a.seq for a in acks] == [1, 2, 3]
 
     back = await client.history(history(limit=2))
     assert [r.seq for r in back.records] == [3, 2] and back.next_anchor == 2
-    assert back.records[0].content == custom and back.records[0].reply_to == "msg-1"
+    assert (
+        back.records[0].content == custom
+        and back.records[0].reply_to == "01a22a20-5697-7d07-b8d6-97d3bdc6084c"
+    )
     assert back.records[1].content == image
     rest = await client.history(history(limit=2, anchor_seq=back.next_anchor))
     assert [r.seq for r in rest.records] == [1] and rest.next_anchor == 0
@@ -110,7 +115,7 @@ async def test_every_rpc_round_trips(chat: Running) -> None:
         == acks[0]
     )
     assert await client.resume_existing(send(T, cmid="never")) is None
-    assert await client.recover_due() == 0
+    assert (await client.recover_due()).committed == 0
 
     added = await client.add_members(T, "c1", ["carol", "dave", "bob"])
     assert (added.version, added.member_count) == (2, 4)
@@ -213,7 +218,7 @@ async def test_bad_sends_are_rejected_and_write_nothing(
     assert message and "internal" not in message
     page = await chat.client.history(history())
     assert page.records == () and page.last_seq == 0
-    assert chat.backend.store.inner.state.recovery == {}  # type: ignore[attr-defined]
+    assert chat.backend.store.inner.state.queue == {}  # type: ignore[attr-defined]
 
 
 async def test_client_raises_the_typed_errors(chat: Running) -> None:
@@ -338,7 +343,8 @@ async def test_a_crash_is_internal_and_resume_or_recovery_finishes_it(
     request = pb.CommitRequest(send=send_to_proto(send(T, cmid="x-2")))
     code, _, _ = await status_of(stub.Commit(request))
     assert code is grpc.StatusCode.INTERNAL
-    assert await chat.client.recover_due(older_than_ms=int(time.time() * 1000) + 1000) == 1
+    report = await chat.client.recover_due(older_than_ms=int(time.time() * 1000) + 1000)
+    assert (report.scanned, report.committed, report.failed) == (1, 1, 0)
     replay = await chat.client.resume_existing(send(T, cmid="x-2"))
     assert replay is not None and replay.seq == 2
     page = await chat.client.history(history())

@@ -51,6 +51,7 @@ def test_grpcurl_lists_describes_and_calls_through_reflection(serve: ServeProces
     assert set(listed.stdout.split()) == {
         COMMITTER,
         MEMBERSHIP,
+        "message_committer.v1.RecoveryAdminService",
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     }

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from backends.redis import open_redis_backend
 from backends.scylla import open_scylla_backend
 from service.client import CommitClient
 from service.domain.ports import Backend
@@ -17,6 +16,7 @@ from tests.faults.load import LoadPlan
 from tests.faults.support import OpenBackend, Service
 from tests.servers import cql_server
 from tests.servers.cql_server import Node
+from tests.servers.redis_server import open_initialised
 
 READER = "reader"
 SENDERS = tuple(f"sender-{n}" for n in range(8))
@@ -40,7 +40,7 @@ def redis_backend(url: str, prefix: str) -> OpenBackend:
 
     @asynccontextmanager
     async def open_backend() -> AsyncIterator[Backend]:
-        backend = await open_redis_backend(url, prefix=prefix)
+        backend = await open_initialised(url, prefix=prefix)
         try:
             yield backend
         finally:

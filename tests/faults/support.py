@@ -29,7 +29,7 @@ from grpc import aio
 from service.client import CommitClient
 from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
-from service.domain.model import CommitIntent
+from service.domain.model import RecoveryItem
 from service.domain.ports import Backend
 from tests.e2e.process import ServeProcess
 from tests.faults.load import CHANNEL_OPTIONS, LoadDriver, LoadLog, conversations_of
@@ -176,7 +176,7 @@ class Service:
             process.close()
 
 
-async def unfinished(open_backend: OpenBackend) -> list[CommitIntent]:
+async def unfinished(open_backend: OpenBackend) -> list[RecoveryItem]:
     """Every intent not COMMITTED yet, through a direct backend connection."""
     async with open_backend() as backend:
         return await backend.store.scan_recoverable_commits(now_ms() + SCAN_HORIZON_MS, SCAN_LIMIT)
@@ -296,7 +296,7 @@ class Report:
 async def wait_all_committed(open_backend: OpenBackend, timeout_s: float) -> float:
     """Poll the direct scan until no intent is left unfinished; returns the seconds waited."""
     began = time.monotonic()
-    left: list[CommitIntent] = []
+    left: list[RecoveryItem] = []
     while time.monotonic() - began < timeout_s:
         left = await unfinished(open_backend)
         if not left:

@@ -117,7 +117,7 @@ async def _run(report: Report, node: Node, keyspace: str) -> None:
 
             report.unfinished_before_recovery = len(await unfinished(open_backend))
             async with CommitClient.connect(service.target) as admin:
-                report.recovered = await admin.recover_due(0, 10_000)
+                report.recovered = (await admin.recover_due(0, 10_000)).committed
             settled = time.monotonic()
             await driver.settle()
             report.seconds["settle"] = round(time.monotonic() - settled, 2)

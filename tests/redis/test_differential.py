@@ -57,7 +57,8 @@ async def _scan(backend: Backend, older_than_ms: int) -> list[CommitIntent]:
     """Recovery candidates, oldest first; equally old ones in key order (memory
     keeps reserve order among them, Redis the recovery index's member order)."""
     found = await backend.store.scan_recoverable_commits(older_than_ms, 10)
-    return sorted(found, key=lambda i: (i.created_at_ms, i.key.cmid))
+    intents = [i.intent for i in found if i.intent is not None]
+    return sorted(intents, key=lambda i: (i.created_at_ms, i.key.cmid))
 
 
 def _request(rng: random.Random, tenant: str, cmid: str) -> AuthenticatedSend:

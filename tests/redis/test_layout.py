@@ -54,23 +54,23 @@ async def test_committed_hash_keeps_only_digest_coordinates_and_publication(
     await conversation(backend, tenant)
     req = send(tenant, content=text("x" * 100))
     ack = await committer(backend).commit_send(req)
-    key = KeySpace(redis_h.prefix).conversation(tenant, "c1").commit(req.sender, req.cmid)
+    key = redis_h.keys.conversation(tenant, "c1").commit(req.sender, req.cmid)
     fields = await raw.hgetall(key)
     assert set(fields) == {b"st", b"id", b"m", b"s", b"t", b"ps", b"pp", b"x"}
     assert fields[b"id"] == req.reserve_identity_digest()  # the whole form was digested
     assert (fields[b"st"], fields[b"m"], fields[b"s"]) == (b"3", ack.message_id.encode(), b"1")
     assert await raw.object("ENCODING", key) == b"listpack"
     assert await raw.pttl(key) > 0
-    pointer = KeySpace(redis_h.prefix).pointer(tenant, req.sender, req.cmid)
+    pointer = redis_h.keys.pointer(tenant, req.sender, req.cmid).pointer
     assert await raw.pttl(pointer) > 0
 
 
 async def _write_legacy_intent(
-    raw: Redis, prefix: str, tenant: str, cmid: str, state: str
+    raw: Redis, keys: KeySpace, tenant: str, cmid: str, state: str
 ) -> tuple[MessageRecord, CommittedMessage]:
-    """A pre-compaction hash as versions with the whole identity wrote it, by hand."""
+    """A pre-compaction hash as versions with the whole identity wrote it, by hand
+    (with inline recipients, as release 1 froze them)."""
     req = send(tenant, cmid=cmid, content=text("legacy body"))
-    keys = KeySpace(prefix)
     conv = keys.conversation(tenant, "c1")
     record = MessageRecord(
         tenant, "c1", 1, "m-legacy", req.sender, req.device, cmid, req.content, (), "", 1234
@@ -91,8 +91,11 @@ async def _write_legacy_intent(
     )
     if state == "1":
         await raw.zadd(conv.history, {codec.history_member(record): 1})
-    await raw.hset(keys.pointer(tenant, req.sender, cmid), "c", "c1")
-    await raw.zadd(keys.recovery, {keys.recovery_member(tenant, "c1", req.sender, cmid): 1000})
+    await raw.hset(keys.pointer(tenant, req.sender, cmid).pointer, "c", "c1")
+    member = keys.queue_member(tenant, "c1", req.sender, cmid)
+    await raw.zadd(conv.shard.queue, {member: 1000})
+    await raw.zadd(conv.shard.created, {member: 1000})
+    await raw.zadd(conv.pinned, {"1": 1})
     return record, CommittedMessage("c1", cmid, "m-legacy", 1, 1234)
 
 
@@ -103,7 +106,7 @@ async def test_legacy_full_form_loads_resumes_and_replays(
     backend = await redis_h.open()
     tenant = unique("t")
     await conversation(backend, tenant)
-    record, expected = await _write_legacy_intent(raw, redis_h.prefix, tenant, "legacy-1", state)
+    record, expected = await _write_legacy_intent(raw, redis_h.keys, tenant, "legacy-1", state)
     req = send(tenant, cmid="legacy-1", content=text("legacy body"))
     loaded = await backend.store.load_commit_for_request(req)
     assert isinstance(loaded, InProgress)
@@ -123,8 +126,8 @@ async def test_legacy_full_form_is_finished_by_recovery(redis_h: RedisHarness, r
     backend = await redis_h.open()
     tenant = unique("t")
     await conversation(backend, tenant)
-    _, expected = await _write_legacy_intent(raw, redis_h.prefix, tenant, "legacy-2", "1")
-    assert await committer(backend).recover_due(1 << 62, 10) == 1
+    _, expected = await _write_legacy_intent(raw, redis_h.keys, tenant, "legacy-2", "1")
+    assert (await committer(backend).recover_due(1 << 62, 10)).committed == 1
     req = send(tenant, cmid="legacy-2", content=text("legacy body"))
     assert await backend.store.load_commit_for_request(req) == Committed(expected)
 
@@ -135,7 +138,7 @@ def test_id_encoding_is_collision_free_and_reversible() -> None:
         assert not set(enc(value)) & set(":{} /")
     keys = KeySpace("mc")
     assert keys.conversation("a:b", "c").meta != keys.conversation("a", "b:c").meta
-    assert keys.pointer("a:b", "c", "d") != keys.pointer("a", "b:c", "d")
+    assert keys.pointer("a:b", "c", "d").pointer != keys.pointer("a", "b:c", "d").pointer
     with pytest.raises(ValueError):
         KeySpace("bad:prefix")
 
@@ -159,7 +162,7 @@ async def test_undecodable_data_is_store_corrupt(redis_h: RedisHarness, raw: Red
     await conversation(backend, tenant)
     req = send(tenant)
     await committer(backend).commit_send(req)
-    conv = KeySpace(redis_h.prefix).conversation(tenant, "c1")
+    conv = redis_h.keys.conversation(tenant, "c1")
     await raw.zadd(conv.history, {b"2:not json": 2})
     with pytest.raises(StoreCorrupt) as caught:
         await backend.store.history_page(HistoryQuery(tenant, "c1", "bob"))
@@ -170,12 +173,13 @@ async def test_undecodable_data_is_store_corrupt(redis_h: RedisHarness, raw: Red
     await raw.delete(conv.meta)
     await raw.set(conv.meta, "wrong type")
     with pytest.raises(StoreCorrupt) as caught:
-        await backend.membership.membership(tenant, "c1")
+        await backend.membership.membership_info(tenant, "c1")
     assert redis_h.prefix not in str(caught.value)
 
 
 async def test_another_layout_version_fails_closed(redis_h: RedisHarness, raw: Redis) -> None:
-    await raw.set(KeySpace(redis_h.prefix).schema, "2")
+    await redis_h.initialise()
+    await raw.hset(redis_h.keys.meta, "schema", "3")
     with pytest.raises(StoreSchemaError):
         await redis_h.open()
 
@@ -238,7 +242,7 @@ async def test_refused_transitions_leave_every_key_as_it_was(
 
     # A history page drops a vanished record only through retention: remove it by
     # hand and the commit is refused without touching anything.
-    conv = KeySpace(redis_h.prefix).conversation(tenant, "c1")
+    conv = redis_h.keys.conversation(tenant, "c1")
     await raw.delete(conv.history)
     before = await snapshot(raw, redis_h.prefix)
     with pytest.raises(StoreConflict):

@@ -8,7 +8,7 @@ import traceback
 import pytest
 from redis.asyncio import Redis
 
-from backends.redis import open_redis_backend, scripts
+from backends.redis import SCRIPTS, open_redis_backend
 from backends.redis.link import CALL
 from service.domain.errors import (
     Recoverable,
@@ -18,7 +18,7 @@ from service.domain.errors import (
 from service.domain.model import AuthenticatedSend, CommittedMessage, HistoryQuery
 from service.domain.ports import Backend
 from tests.redis.conftest import snapshot
-from tests.servers.redis_server import RedisHarness, RedisServer
+from tests.servers.redis_server import RedisHarness, RedisServer, open_initialised
 from tests.support import committer, conversation, send, text, unique
 from toolkit.campaign.invariants import Ledger, check_invariants, read_history
 
@@ -68,7 +68,7 @@ async def test_scripts_are_reloaded_after_a_script_flush(redis_h: RedisHarness, 
 
 
 def _shas() -> list[str]:
-    return [s.sha for s in scripts.ALL]
+    return [s.sha for s in SCRIPTS]
 
 
 async def _commit_many(backend: Backend, tenant: str, n: int) -> list[CommittedMessage]:
@@ -84,7 +84,7 @@ def _numbered(tenant: str, i: int) -> AuthenticatedSend:
 async def test_a_restart_with_aof_always_loses_no_committed_message(
     own_redis_server: RedisServer, how: str
 ) -> None:
-    backend = await open_redis_backend(own_redis_server.url, prefix="durable")
+    backend = await open_initialised(own_redis_server.url, prefix="durable")
     tenant = unique("t")
     try:
         await conversation(backend, tenant)
@@ -96,14 +96,14 @@ async def test_a_restart_with_aof_always_loses_no_committed_message(
         own_redis_server.start()
     else:
         own_redis_server.restart()
-    backend = await open_redis_backend(own_redis_server.url, prefix="durable")
+    backend = await open_initialised(own_redis_server.url, prefix="durable")
     try:
         c = committer(backend)
         for i, ack in enumerate(acks):
             assert await c.commit_send(_numbered(tenant, i)) == ack
         history = await read_history(backend, tenant, "c1", "bob")
         assert [r.message_id for r in history] == [a.message_id for a in acks]
-        assert len(await backend.outbox.read("", 1000)) == len(acks)
+        assert len((await backend.outbox.read("", 1000)).entries) == len(acks)
         assert (await c.commit_send(send(tenant))).seq == len(acks) + 1
     finally:
         await backend.close()
@@ -112,7 +112,7 @@ async def test_a_restart_with_aof_always_loses_no_committed_message(
 async def test_a_dead_server_gives_recoverable_and_the_backend_recovers(
     own_redis_server: RedisServer,
 ) -> None:
-    backend = await open_redis_backend(own_redis_server.url, prefix="p", connect_timeout_s=0.3)
+    backend = await open_initialised(own_redis_server.url, prefix="p", connect_timeout_s=0.3)
     try:
         tenant = unique("t")
         await conversation(backend, tenant)
@@ -204,7 +204,7 @@ async def test_no_address_or_password_in_open_errors(own_redis_server: RedisServ
         with pytest.raises(StoreUnavailable) as caught:  # no or a wrong password
             await open_redis_backend(url)
         _assert_clean(caught.value, own_redis_server)
-    backend = await open_redis_backend(f"redis://:the-right-one@127.0.0.1:{port}/0")
+    backend = await open_initialised(f"redis://:the-right-one@127.0.0.1:{port}/0")
     await backend.close()
     with pytest.raises(StoreUnavailable) as caught:
         await open_redis_backend(own_redis_server.url, prefix="bad:prefix")
@@ -227,7 +227,7 @@ async def test_history_reads_stay_consistent_with_a_second_instance(
 async def test_out_of_memory_refuses_writes_whole_and_still_serves_reads(
     own_redis_server: RedisServer,
 ) -> None:
-    backend = await open_redis_backend(own_redis_server.url, prefix="oom")
+    backend = await open_initialised(own_redis_server.url, prefix="oom")
     admin = Redis.from_url(own_redis_server.url)
     try:
         tenant = unique("t")

@@ -51,6 +51,7 @@ from service.server import CommitServer
 from tests.e2e.conftest import BASE_CONFIG
 from tests.servers.cql_server import ScyllaHarness
 from tests.servers.redis_server import RedisHarness
+from tests.support import members
 
 BACKENDS = [
     pytest.param("memory", marks=pytest.mark.memory),
@@ -115,23 +116,24 @@ class Snapshot:
 async def _conversation_state(
     backend: Backend, tenant: str, conversation: str
 ) -> ConversationState | None:
-    membership = await backend.membership.membership(tenant, conversation)
-    if membership is None:
+    info = await backend.membership.membership_info(tenant, conversation)
+    if info is None:
         return None
+    everyone = await members(backend, tenant, conversation)
     last_seq = None
-    if membership.members:
+    if everyone:
         page = await backend.store.history_page(
-            HistoryQuery(tenant, conversation, actor=min(membership.members), limit=1)
+            HistoryQuery(tenant, conversation, actor=everyone[0], limit=1)
         )
         last_seq = page.last_seq
-    return ConversationState(membership.version, frozenset(membership.members), last_seq)
+    return ConversationState(info.version, frozenset(everyone), last_seq)
 
 
 async def snapshot(backend: Backend, conversations: Iterable[tuple[str, str]]) -> Snapshot:
     """Read memberships, history boundaries, the outbox and the recovery index (all at once)."""
     watched = list(dict.fromkeys(conversations))
     now_ms = int(time.time() * 1000)
-    states, entries, unfinished = await asyncio.gather(
+    states, outbox, unfinished = await asyncio.gather(
         asyncio.gather(*(_conversation_state(backend, t, c) for t, c in watched)),
         backend.outbox.read("", OUTBOX_READ_LIMIT),
         backend.store.scan_recoverable_commits(now_ms + RECOVERY_HORIZON_MS, RECOVERY_SCAN_LIMIT),
@@ -142,12 +144,12 @@ async def snapshot(backend: Backend, conversations: Iterable[tuple[str, str]]) -
         memory = (
             len(state.commits),
             len(state.conversations),
-            len(state.recovery),
+            len(state.queue),
             len(state.outbox),
         )
     return Snapshot(
         dict(zip(watched, states, strict=True)),
-        tuple(e.publication.position for e in entries),
+        tuple(e.publication.position for e in outbox.entries),
         frozenset(i.key for i in unfinished),
         memory,
     )

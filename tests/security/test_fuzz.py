@@ -25,6 +25,7 @@ that it still answers health and commits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from backends.memory import MemoryMessageStore, MemoryState, open_memory_backend
+from service.domain.membership import is_member
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2 as mpb
 from service.server import CommitServer
@@ -344,10 +346,10 @@ def fingerprint(state: MemoryState) -> tuple[object, ...]:
             for key, c in state.commits.items()
         },
         {
-            key: (frozenset(c.members), c.version, c.last_seq, c.available_from, dict(c.history))
+            key: (dict(c.intervals), c.version, c.last_seq, c.available_from, dict(c.history))
             for key, c in state.conversations.items()
         },
-        dict(state.recovery),
+        {key: dataclasses.astuple(entry) for key, entry in state.queue.items()},
         list(state.outbox),
     )
 
@@ -394,7 +396,7 @@ def check_committed(live: Live, send: pb.AuthenticatedSend, ack: pb.CommittedMes
             ref.sha256,
         )
     assert (record.mentions, record.reply_to) == (tuple(send.mentions), send.reply_to)
-    if send.sender in conversation.members:  # and through the API, as its sender reads it
+    if is_member(conversation.intervals.get(send.sender, ())):  # and as its sender reads it
         query = pb.HistoryRequest(
             tenant=send.tenant,
             conversation=send.conversation,

@@ -11,14 +11,20 @@ Where the Redis comes from, in order:
 A missing ``redis-server`` fails the tests loudly; they are never skipped.
 
 Fixtures: ``redis_url`` (session), ``redis_harness`` (per test: a fresh
-key prefix, every key of it deleted afterwards) and ``own_redis_server``
-(per test: a private server the test may stop, restart or kill).
+key prefix, initialised, every key of it deleted afterwards) and
+``own_redis_server`` (per test: a private server the test may stop, restart
+or kill). A server this plugin starts has its default prefix ``mc``
+initialised, as an operator's ``migrate --backend redis`` would; the
+service never initialises a Redis itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import importlib
+import itertools
 import os
 import shutil
 import signal
@@ -27,19 +33,25 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from redis import Redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
 
-from backends.redis import open_redis_backend
+from backends.redis import open_link, open_redis_backend
+from backends.redis.deployment import initialise
+from backends.redis.keys import KeySpace
+from backends.redis.link import parse_url
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
 ENV_URL = "MC_TEST_REDIS_URL"
+DEFAULT_PREFIX = "mc"
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 MAX_CLEANUP_ROUNDS = 10_000
@@ -67,13 +79,14 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """One redis-server process on 127.0.0.1, its data in a temp directory."""
 
-    def __init__(self, executable: str | None = None) -> None:
+    def __init__(self, executable: str | None = None, extra_args: Sequence[str] = ()) -> None:
         found = executable or shutil.which("redis-server")
         if found is None:
             raise RedisServerMissing(
                 f"redis-server is not installed: apt-get install -y redis-server (or set {ENV_URL})"
             )
         self.executable = found
+        self.extra_args = list(extra_args)
         self.directory = Path(tempfile.mkdtemp(prefix="mc-redis-"))
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -120,6 +133,7 @@ class RedisServer:
             "no",
             "--logfile",
             str(self.directory / "redis.log"),
+            *self.extra_args,
         ]
         self._process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -207,6 +221,7 @@ def redis_url() -> Iterator[str]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
+    initialise_now(server.url)
     try:
         yield server.url
     finally:
@@ -215,16 +230,40 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 def own_redis_server() -> Iterator[RedisServer]:
-    """A private redis-server for one test, which may stop, restart or kill it."""
+    """A private redis-server for one test, which may stop, restart or kill it.
+    Its default prefix ``mc`` is initialised, as ``migrate --backend redis`` would."""
     try:
         server = RedisServer()
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
+    initialise_now(server.url)
     try:
         yield server
     finally:
         server.close()
+
+
+def initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
+    """``initialise_prefix`` from synchronous code, even with a loop running (a
+    synchronous fixture fetched by an async one): in a thread of its own."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, initialise_prefix(url, prefix)).result(timeout=60)
+
+
+async def initialise_prefix(url: str, prefix: str = "mc", shards: int = 8) -> None:
+    """``message-committer migrate --backend redis`` for ``prefix`` (idempotent)."""
+    link = open_link(url)
+    try:
+        await initialise(link, prefix, shards)
+    finally:
+        await link.close()
+
+
+async def open_initialised(url: str, prefix: str = "mc", **options: Any) -> Backend:
+    """A Redis backend on ``prefix``, initialised first if it never was."""
+    await initialise_prefix(url, prefix)
+    return await open_redis_backend(url, prefix=prefix, **options)
 
 
 class RedisHarness(Harness):
@@ -233,10 +272,23 @@ class RedisHarness(Harness):
     name = "redis"
     durable = True
 
-    def __init__(self, url: str, prefix: str | None = None) -> None:
+    def __init__(self, url: str, prefix: str | None = None, shards: int = 8) -> None:
         super().__init__()
         self.url = url
         self.prefix = prefix or f"mct-{uuid.uuid4().hex[:12]}"
+        self.shards = shards
+        self._initialised = False
+
+    @property
+    def keys(self) -> KeySpace:
+        """The key layout of this harness's deployment (its prefix and shards)."""
+        return KeySpace(self.prefix, self.shards)
+
+    async def initialise(self) -> None:
+        """``migrate --backend redis`` for this prefix (once), as an operator would."""
+        if not self._initialised:
+            await initialise_prefix(self.url, self.prefix, self.shards)
+            self._initialised = True
 
     async def _open(
         self,
@@ -245,10 +297,11 @@ class RedisHarness(Harness):
         settings: StoreSettings | None,
         identity_form: IdentityForm,
     ) -> Backend:
+        await self.initialise()
         return await open_redis_backend(
             self.url,
             prefix=self.prefix,
-            clock=clock,
+            test_clock=clock,
             settings=settings,
             identity_form=identity_form,
         )
@@ -256,15 +309,25 @@ class RedisHarness(Harness):
     def delete_keys(self) -> int:
         """Delete every key of this prefix (synchronously); returns how many."""
         deleted = 0
-        with Redis.from_url(self.url, socket_timeout=5) as client:
-            cursor = 0
-            for _ in range(MAX_CLEANUP_ROUNDS):
-                cursor, found = client.scan(cursor, match=f"{self.prefix}:*", count=500)
-                if found:
-                    deleted += int(client.delete(*found))
-                if cursor == 0:
-                    break
+        with sync_client(self.url) as client:
+            for key in itertools.islice(
+                client.scan_iter(match=f"{self.prefix}:*", count=500), MAX_CLEANUP_ROUNDS * 500
+            ):
+                deleted += int(client.delete(key))
         return deleted
+
+
+def sync_client(url: str) -> Any:
+    """A synchronous client of any topology the backend accepts (tests only)."""
+    address = parse_url(url)
+    untyped = cast(Callable[..., Any], ClusterNode)
+    if address.mode == "cluster":
+        nodes = [untyped(host, port) for host, port in address.hosts]
+        return RedisCluster(startup_nodes=nodes, password=address.password, socket_timeout=5)
+    if address.mode == "sentinel":
+        sentinel: Any = cast(Callable[..., Any], Sentinel)(list(address.hosts), socket_timeout=5)
+        return sentinel.master_for(address.master, db=address.db, password=address.password)
+    return Redis.from_url(url, socket_timeout=5)
 
 
 @pytest.fixture

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from backends.memory import open_memory_backend
 from service.domain.committer import MessageCommitter
+from service.domain.model import RecoveryReport, RecoveryStats
 from service.domain.ports import ManualClock, MessageStore
 from service.health import Readiness
 from service.httpside import HttpSide
@@ -46,44 +48,62 @@ async def test_the_instrumented_store_times_calls_and_keeps_atomicity() -> None:
     assert 'message_committer_commits_total{outcome="replayed"} 1.0' in text
 
 
-class _FakeCommitter(MessageCommitter):
-    """Only ``recover_due``: a committer whose store has ``pending`` due intents."""
+class _FakeQueue:
+    """The recovery queue as the loop sees it: ``pending`` due items of which
+    ``failing`` (the oldest) fail, and are then pushed back (not due again this run)."""
 
-    def __init__(self, pending: int) -> None:
+    def __init__(self, pending: int, failing: int = 0) -> None:
         self.pending = pending
+        self.failing = failing
         self.calls: list[tuple[int, int]] = []
 
-    async def recover_due(self, older_than_ms: int, max_items: int) -> int:
+    async def recover_due(self, older_than_ms: int, max_items: int) -> RecoveryReport:
         self.calls.append((older_than_ms, max_items))
-        done = min(self.pending, max_items)
-        self.pending -= done
-        return done
+        scanned = min(self.pending, max_items)
+        failed = min(self.failing, scanned)
+        self.failing -= failed
+        self.pending -= scanned
+        return RecoveryReport(scanned, scanned - failed, failed, 0)
+
+    async def recovery_stats(self) -> RecoveryStats:
+        return RecoveryStats(None, 0)
 
 
-async def test_a_recovery_run_takes_batches_until_one_is_short() -> None:
-    fake = _FakeCommitter(pending=25)
+def _loop(queue: _FakeQueue, clock: ManualClock | None = None, **kwargs: Any) -> RecoveryLoop:
+    options: dict[str, Any] = {"interval_s": 10, "grace_s": 30, "batch": 10, **kwargs}
+    return RecoveryLoop(queue, queue, ServiceMetrics(), clock or ManualClock(), **options)
+
+
+async def test_a_recovery_run_takes_batches_until_one_scans_short() -> None:
+    fake = _FakeQueue(pending=25)
     clock = ManualClock()
-    loop = RecoveryLoop(fake, clock, interval_s=10, grace_s=30, batch=10)
-    assert await loop.run_once() == 25
+    report = await _loop(fake, clock).run_once()
+    assert (report.scanned, report.committed) == (25, 25)
     assert fake.calls == [(clock.now - 30_000, 10)] * 3
 
 
+async def test_failing_intents_do_not_end_a_run_early() -> None:
+    # Release 1 stopped when fewer were *committed* than a batch: one failing intent,
+    # oldest first, ended every run after its first batch.
+    fake = _FakeQueue(pending=150, failing=1)
+    report = await _loop(fake, batch=100).run_once()
+    assert (report.committed, report.failed) == (149, 1)
+
+
 async def test_a_recovery_run_is_bounded() -> None:
-    fake = _FakeCommitter(pending=10_000)
-    loop = RecoveryLoop(fake, ManualClock(), interval_s=1, grace_s=0, batch=10, max_batches=4)
-    assert await loop.run_once() == 40
+    fake = _FakeQueue(pending=10_000)
+    report = await _loop(fake, grace_s=0, max_batches=4).run_once()
+    assert report.committed == 40
 
 
 def test_recovery_is_jittered_within_20_percent() -> None:
-    loop = RecoveryLoop(
-        _FakeCommitter(0), ManualClock(), interval_s=10, grace_s=0, batch=1, rng=random.Random(7)
-    )
+    loop = _loop(_FakeQueue(0), batch=1, rng=random.Random(7))
     delays = [loop.next_delay() for _ in range(200)]
     assert 8.0 <= min(delays) < max(delays) <= 12.0
 
 
 async def test_the_recovery_loop_stops_when_told() -> None:
-    loop = RecoveryLoop(_FakeCommitter(0), ManualClock(), interval_s=0.01, grace_s=0, batch=1)
+    loop = _loop(_FakeQueue(0), interval_s=0.01, grace_s=0, batch=1)
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))
     await asyncio.sleep(0.05)

@@ -9,7 +9,7 @@ import pytest
 from google.rpc import error_details_pb2
 
 from service.api import errors
-from service.api.errors import STATUS_TABLE, ConversationExists, RemoteError
+from service.api.errors import STATUS_TABLE, ConversationExists, RemoteError, RequestTooLarge
 from service.domain.errors import (
     CommitError,
     CommitNotFound,
@@ -37,6 +37,7 @@ EXAMPLES: list[tuple[CommitError, grpc.StatusCode]] = [
     (IdempotencyConflict(KEY), grpc.StatusCode.ALREADY_EXISTS),
     (ConversationExists("conversation already exists"), grpc.StatusCode.ALREADY_EXISTS),
     (QuotaExceeded("slow down", retry_after_s=0.25), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (RequestTooLarge("the request is larger than 10 bytes"), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Recoverable(KEY, "c1", "reserve failed"), grpc.StatusCode.UNAVAILABLE),
     (CommitNotFound("no commit"), grpc.StatusCode.NOT_FOUND),
     (ConversationNotFound("conversation not found"), grpc.StatusCode.NOT_FOUND),

@@ -33,6 +33,7 @@ from service.domain.model import (
     AuthenticatedSend,
     CommitState,
     Committed,
+    FrozenDeliveryInput,
     MessageContent,
     MessageType,
     ReserveCandidate,
@@ -91,6 +92,14 @@ async def ensure_population(backend: Backend, population: Population) -> None:
     for conversation, members in wanted:
         with contextlib.suppress(StoreAlreadyExists):
             await backend.membership.create_conversation(p.tenant, conversation, members)
+    for i in range(p.big_conversations):
+        everyone = p.big_members_of(i)
+        with contextlib.suppress(StoreAlreadyExists):
+            await backend.membership.create_conversation(p.tenant, p.big(i), everyone[:10_000])
+        for start in range(10_000, len(everyone), 10_000):
+            await backend.membership.add_members(
+                p.tenant, p.big(i), everyone[start : start + 10_000]
+            )
 
 
 class StorageDriver:
@@ -129,23 +138,26 @@ class StorageDriver:
         b = self.backend
         store = b.store
         send = self.new_send("sf")
-        membership = await b.membership.membership(send.tenant, send.conversation)
-        if membership is None:
-            raise BenchError("the bench conversations are missing")
+        delivery = await self._delivery(send)
         now = self._clock.now_ms()
         candidate = ReserveCandidate(new_message_id(now), now)
-        result = await store.reserve(send, membership.delivery(), candidate)
+        result = await store.reserve(send, delivery, candidate)
         if not isinstance(result, Reserved):
             raise RuntimeError("reserve of a new key did not reserve")
         await store.put_record(result.intent)
         intent = result.intent.advanced(CommitState.RECORDED)
         publication = await b.outbox.publish(intent)
-        if store.atomic_publish_commit:
-            await store.mark_published_and_committed(intent, publication)
-        else:
-            await store.mark_outbox_published(intent, publication)
-            await store.mark_committed(intent.advanced(CommitState.OUTBOXED, publication))
+        await store.mark_published_and_committed(intent, publication)
         self._remember(send)
+
+    async def _delivery(self, send: AuthenticatedSend) -> FrozenDeliveryInput:
+        """The admission point lookup and the version the delivery is frozen at."""
+        admission = await self.backend.membership.admission(
+            send.tenant, send.conversation, send.sender
+        )
+        if admission is None or not admission.member:
+            raise BenchError("the bench conversations are missing")
+        return FrozenDeliveryInput.at_version(admission.version)
 
     async def replay(self) -> None:
         """One replay of a committed key: membership read and reserve."""
@@ -153,12 +165,10 @@ class StorageDriver:
             raise BenchError("the storage replay floor needs committed keys first")
         send = self._rng.choice(self.committed)
         b = self.backend
-        membership = await b.membership.membership(send.tenant, send.conversation)
-        if membership is None:
-            raise BenchError("the bench conversations are missing")
+        delivery = await self._delivery(send)
         now = self._clock.now_ms()
         candidate = ReserveCandidate(new_message_id(now), now)
-        result = await b.store.reserve(send, membership.delivery(), candidate)
+        result = await b.store.reserve(send, delivery, candidate)
         if not isinstance(result, Committed):
             raise RuntimeError("reserve of a committed key did not replay")
 

@@ -9,12 +9,13 @@ object is real; only the call's outcome as seen by the caller changes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
+from service.domain.errors import StoreCorrupt, StoreOutcomeUnknown, StoreUnavailable
 from service.domain.ids import CommitKey
 from service.domain.model import (
     AuthenticatedSend,
@@ -24,12 +25,15 @@ from service.domain.model import (
     HistoryPage,
     HistoryQuery,
     LoadedCommit,
-    OutboxEntry,
+    OutboxPage,
     OutboxPublication,
+    QuarantinePage,
+    RecoveryItem,
+    RecoveryStats,
     ReserveCandidate,
     ReserveResult,
 )
-from service.domain.ports import MessageStore, Outbox, StoredCommit
+from service.domain.ports import Hook, MessageStore, Outbox, StoredCommit
 
 T = TypeVar("T")
 
@@ -38,6 +42,7 @@ class CallFault(enum.StrEnum):
     FAIL = "fail"  # never reaches the backend
     LOSE_REPLY = "lose_reply"  # applied, the reply is lost
     HANG = "hang"  # applied, the reply comes after the deadline
+    REFUSE = "refuse"  # the store refuses the data (corrupt, a vanished conversation)
 
 
 class _Faults:
@@ -60,6 +65,8 @@ class _Faults:
         self.fired[(operation, fault)] += 1
         if fault is CallFault.FAIL:
             raise StoreUnavailable(f"injected: {operation} failed")
+        if fault is CallFault.REFUSE:
+            raise StoreCorrupt(f"injected: {operation} refused the stored data")
         await make()
         if fault is CallFault.HANG:
             await asyncio.sleep(self.hang_s)
@@ -67,16 +74,30 @@ class _Faults:
 
 
 class FaultyStore(MessageStore):
-    """A MessageStore whose calls fail as planned with ``inject``."""
+    """A MessageStore whose calls fail as planned with ``inject``, and whose
+    poisoned keys read as undecodable (``poison``), as an intent written by a
+    newer release or damaged on disk would."""
 
     def __init__(self, inner: MessageStore, hang_s: float = 0.01) -> None:
         self.inner = inner
         self.atomic_publish_commit = inner.atomic_publish_commit
         self.faults = _Faults(hang_s)
+        self.poisoned: set[CommitKey] = set()
 
     def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
         """Make the next ``times`` calls of ``operation`` (a method name) fail."""
         self.faults.inject(operation, fault, times)
+
+    def poison(self, key: CommitKey) -> None:
+        """From now on ``key``'s intent cannot be decoded (until ``heal``)."""
+        self.poisoned.add(key)
+
+    def heal(self) -> None:
+        self.poisoned.clear()
+
+    def _check_poison(self, key: CommitKey) -> None:
+        if key in self.poisoned:
+            raise StoreCorrupt("injected: the stored intent cannot be decoded")
 
     async def reserve(
         self,
@@ -84,52 +105,92 @@ class FaultyStore(MessageStore):
         delivery: FrozenDeliveryInput,
         candidate: ReserveCandidate,
     ) -> ReserveResult:
+        self._check_poison(request.key)
         return await self.faults.call(
             "reserve", lambda: self.inner.reserve(request, delivery, candidate)
         )
 
     async def put_record(self, intent: CommitIntent) -> None:
+        self._check_poison(intent.key)
         await self.faults.call("put_record", lambda: self.inner.put_record(intent))
 
     async def mark_outbox_published(
         self, intent: CommitIntent, publication: OutboxPublication
     ) -> None:
+        self._check_poison(intent.key)
         await self.faults.call(
             "mark_outbox_published",
             lambda: self.inner.mark_outbox_published(intent, publication),
         )
 
     async def mark_published_and_committed(
-        self, intent: CommitIntent, publication: OutboxPublication
+        self, intent: CommitIntent, publication: OutboxPublication, between: Hook | None = None
     ) -> CommittedMessage:
+        if not self.inner.atomic_publish_commit:
+            # The two steps through this wrapper, so each can fail on its own.
+            return await super().mark_published_and_committed(intent, publication, between)
+        self._check_poison(intent.key)
         return await self.faults.call(
             "mark_published_and_committed",
-            lambda: self.inner.mark_published_and_committed(intent, publication),
+            lambda: self.inner.mark_published_and_committed(intent, publication, between),
         )
 
     async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
+        self._check_poison(intent.key)
         return await self.faults.call("mark_committed", lambda: self.inner.mark_committed(intent))
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         raise NotImplementedError  # loads delegate whole, below
 
     async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
+        self._check_poison(key)
         return await self.faults.call(
             "load_commit", lambda: self.inner.load_commit(key, conversation)
         )
 
     async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
+        self._check_poison(request.key)
         return await self.faults.call(
             "load_commit_for_request", lambda: self.inner.load_commit_for_request(request)
         )
 
+    def _poisoned(self, item: RecoveryItem) -> RecoveryItem:
+        if item.key not in self.poisoned:
+            return item
+        return dataclasses.replace(item, intent=None, problem=item.problem or "StoreCorrupt")
+
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int
-    ) -> list[CommitIntent]:
-        return await self.faults.call(
+    ) -> list[RecoveryItem]:
+        items = await self.faults.call(
             "scan_recoverable_commits",
             lambda: self.inner.scan_recoverable_commits(older_than_ms, max_items),
         )
+        return [self._poisoned(i) for i in items]
+
+    async def defer_recovery(
+        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
+    ) -> None:
+        await self.faults.call(
+            "defer_recovery",
+            lambda: self.inner.defer_recovery(
+                item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
+            ),
+        )
+
+    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
+        page = await self.inner.quarantined(after, limit)
+        return dataclasses.replace(page, items=tuple(self._poisoned(i) for i in page.items))
+
+    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
+        item = await self.inner.recovery_item(key)
+        return None if item is None else self._poisoned(item)
+
+    async def release_quarantined(self, key: CommitKey) -> bool:
+        return await self.inner.release_quarantined(key)
+
+    async def recovery_stats(self) -> RecoveryStats:
+        return await self.inner.recovery_stats()
 
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
         return await self.faults.call("history_page", lambda: self.inner.history_page(query))
@@ -151,10 +212,10 @@ class FaultyOutbox(Outbox):
     def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
         self.faults.inject(operation, fault, times)
 
-    async def publish(self, intent: CommitIntent) -> OutboxPublication:
-        return await self.faults.call("publish", lambda: self.inner.publish(intent))
+    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+        return await self.faults.call("publish", lambda: self.inner.publish(intent, sent))
 
-    async def read(self, after: str, limit: int) -> list[OutboxEntry]:
+    async def read(self, after: str, limit: int) -> OutboxPage:
         return await self.inner.read(after, limit)
 
     async def readiness(self) -> None:

@@ -42,9 +42,10 @@ from toolkit.nemesis.topology import RedisTopology, ScyllaTopology, Topology
 from toolkit.nemesis.toxiproxy import ToxiproxyServer
 from toolkit.nemesis.workload import SENDERS, Workload
 
-CLOCK_ENV = "MC_TEST_CLOCK_OFFSET_MS"
+CLOCK_ENV = "MC_TEST_CLOCK_OFFSET"
+CLOCK_OFFSETS_MS = (-2500, -1000, 1000, 2500)
+"""Within the Scylla backend's 3 s skew guard: a replica further off refuses to serve."""
 SABOTAGE_ENV = "MC_TEST_SABOTAGE"
-REPLICA_KINDS = ("kill-replica", "clock-offset")
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 """How long the fault running at the end may take to end (a node restart on a busy box)."""
@@ -134,8 +135,8 @@ class Nemesis:
         if kind == "kill-replica":
             self.replicas[target].kill()
         elif kind == "clock-offset":
-            offset = random.Random(target).choice([-4000, -1500, 1500, 4000])
-            await asyncio.to_thread(self.replicas[target].restart, {CLOCK_ENV: str(offset)})
+            offset = random.Random(target).choice(CLOCK_OFFSETS_MS)
+            await asyncio.to_thread(self.replicas[target].restart, {CLOCK_ENV: f"{offset}ms"})
         else:
             await self.topology.begin(kind, target)
 

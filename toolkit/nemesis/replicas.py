@@ -3,7 +3,7 @@
 Each replica keeps its gRPC and HTTP ports across restarts, so clients keep their
 channels. ``kill`` is SIGKILL (a crash), ``pause``/``resume`` are SIGSTOP/SIGCONT;
 ``start`` waits for the "serving gRPC" log line. Test-only settings that a build may
-not have (``MC_TEST_CLOCK_OFFSET_MS``, ``MC_TEST_SABOTAGE``) are passed as extra
+not have (``MC_TEST_CLOCK_OFFSET``, ``MC_TEST_SABOTAGE``) are passed as extra
 environment; ``supports`` tells whether this build's service code reads one.
 """
 

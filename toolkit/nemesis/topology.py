@@ -164,8 +164,7 @@ class ScyllaTopology(Topology):
             "--scylla-contact-points", ",".join(self.cluster.contact_points),
             "--scylla-port", str(self.cluster.port),
             "--scylla-keyspace", self.keyspace,
-            "--scylla-consistency", "QUORUM",
-            "--scylla-serial-consistency", "SERIAL",
+            "--scylla-consistency", "QUORUM",  # conditional writes: SERIAL, the default
             "--scylla-node-proxies", proxies,
         ]  # fmt: skip
 
@@ -208,11 +207,24 @@ class RedisTopology(Topology):
     async def start(self) -> None:
         if self.sentinel is not None:
             await asyncio.to_thread(self.sentinel.start)
-            return
-        await asyncio.to_thread(self.nodes[0].start)
-        self.proxy_port = tp.free_port()
-        self.toxi.create_proxy("redis0", f"127.0.0.1:{self.proxy_port}", self.nodes[0].address)
-        self.proxies.append("redis0")
+        else:
+            await asyncio.to_thread(self.nodes[0].start)
+            self.proxy_port = tp.free_port()
+            listen = f"127.0.0.1:{self.proxy_port}"
+            self.toxi.create_proxy("redis0", listen, self.nodes[0].address)
+            self.proxies.append("redis0")
+        await self._initialise()
+
+    async def _initialise(self) -> None:
+        """``migrate --backend redis`` for the prefix, as an operator would before serving."""
+        from backends.redis import open_link
+        from backends.redis.deployment import initialise
+
+        link = open_link(self.serve_env()["MC_REDIS_URL"])
+        try:
+            await initialise(link, self.prefix)
+        finally:
+            await link.close()
 
     def serve_args(self) -> list[str]:
         return ["--backend", "redis", "--redis-prefix", self.prefix]

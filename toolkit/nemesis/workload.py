@@ -149,13 +149,13 @@ class Workload:
         recovered = 0
         for _ in range(RECOVER_ROUNDS):
             try:
-                n = await client.recover_due(0, 500)
+                report = await client.recover_due(0, 500)
             except Exception:
                 await asyncio.sleep(1.0)
                 continue
-            recovered += n
-            if n == 0:
-                break
+            recovered += report.committed
+            if report.scanned == 0 or report.committed == 0:
+                break  # nothing due, or nothing more finishes (failing ones are queued)
         for conversation in self.conversations:
             await self._read(client, conversation)
         probes = 0

@@ -591,16 +591,32 @@ class RecoverDueResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RECOVERED_FIELD_NUMBER: _builtins.int
+    SCANNED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    QUARANTINED_FIELD_NUMBER: _builtins.int
     recovered: _builtins.int
     """How many intents reached COMMITTED."""
+    scanned: _builtins.int
+    """How many due intents the call looked at (at most max_items). A call that
+    scanned fewer than max_items has drained what was due.
+    """
+    failed: _builtins.int
+    """How many of them failed and were pushed back with a delay (quarantined
+    ones included).
+    """
+    quarantined: _builtins.int
+    """How many were quarantined by this call: undecodable, or failed too often."""
     def __init__(
         self,
         *,
         recovered: _builtins.int = ...,
+        scanned: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        quarantined: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["recovered", b"recovered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "quarantined", b"quarantined", "recovered", b"recovered", "scanned", b"scanned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -242,7 +242,9 @@ class ListMembersRequest(_message.Message):
     page_size: _builtins.int
     """The most members to return, 1 to 1000; 0 means 100."""
     page_token: _builtins.str
-    """Empty for the first page, else the next_page_token of the previous page."""
+    """Empty for the first page, else the next_page_token of the previous page
+    (opaque).
+    """
     def __init__(
         self,
         *,
@@ -290,3 +292,103 @@ class ListMembersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListMembersResponse: _TypeAlias = ListMembersResponse  # noqa: Y015
+
+@_typing.final
+class ListConversationsRequest(_message.Message):
+    """Request of ListConversations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant of the user."""
+    user: _builtins.str
+    """The user whose conversations to list; the gateway has authenticated them."""
+    page_size: _builtins.int
+    """The most conversations to return, 1 to 1000; 0 means 100."""
+    page_token: _builtins.str
+    """Empty for the first page, else the next_page_token of the previous page
+    (opaque).
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        user: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConversationsRequest: _TypeAlias = ListConversationsRequest  # noqa: Y015
+
+@_typing.final
+class ConversationSummary(_message.Message):
+    """A conversation a user belongs to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    MEMBER_COUNT_FIELD_NUMBER: _builtins.int
+    LANE_FIELD_NUMBER: _builtins.int
+    conversation: _builtins.str
+    """The conversation."""
+    version: _builtins.int
+    """Its current membership version."""
+    member_count: _builtins.int
+    """How many members it has now."""
+    lane: _builtins.str
+    """The mailbox lane its messages arrive in: "inbox", or
+    "conversation:<id>" for a conversation too big to fan out.
+    """
+    def __init__(
+        self,
+        *,
+        conversation: _builtins.str = ...,
+        version: _builtins.int = ...,
+        member_count: _builtins.int = ...,
+        lane: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "lane", b"lane", "member_count", b"member_count", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationSummary: _TypeAlias = ConversationSummary  # noqa: Y015
+
+@_typing.final
+class ListConversationsResponse(_message.Message):
+    """Response of ListConversations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token for the next page; empty on the last page."""
+    @_builtins.property
+    def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationSummary]:
+        """The conversations of this page, sorted by conversation id."""
+
+    def __init__(
+        self,
+        *,
+        conversations: _abc.Iterable[Global___ConversationSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConversationsResponse: _TypeAlias = ListConversationsResponse  # noqa: Y015

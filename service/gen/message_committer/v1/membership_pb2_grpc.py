@@ -55,6 +55,11 @@ class ConversationMembershipServiceStub:
                 request_serializer=message__committer_dot_v1_dot_membership__pb2.ListMembersRequest.SerializeToString,
                 response_deserializer=message__committer_dot_v1_dot_membership__pb2.ListMembersResponse.FromString,
                 _registered_method=True)
+        self.ListConversations = channel.unary_unary(
+                '/message_committer.v1.ConversationMembershipService/ListConversations',
+                request_serializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.SerializeToString,
+                response_deserializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.FromString,
+                _registered_method=True)
 
 
 class ConversationMembershipServiceServicer:
@@ -86,7 +91,17 @@ class ConversationMembershipServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMembers(self, request, context):
-        """Lists members sorted by user id, one page at a time.
+        """Lists members sorted by user id, one page at a time. The page token pins
+        the membership version of the first page, so a change between pages does
+        not skip or repeat anyone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConversations(self, request, context):
+        """Lists the conversations a user is a member of now, sorted by conversation
+        id, one page at a time: the authoritative list a client rebuilds from.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,6 +129,11 @@ def add_ConversationMembershipServiceServicer_to_server(servicer, server):
                     servicer.ListMembers,
                     request_deserializer=message__committer_dot_v1_dot_membership__pb2.ListMembersRequest.FromString,
                     response_serializer=message__committer_dot_v1_dot_membership__pb2.ListMembersResponse.SerializeToString,
+            ),
+            'ListConversations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConversations,
+                    request_deserializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.FromString,
+                    response_serializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +245,33 @@ class ConversationMembershipService:
             '/message_committer.v1.ConversationMembershipService/ListMembers',
             message__committer_dot_v1_dot_membership__pb2.ListMembersRequest.SerializeToString,
             message__committer_dot_v1_dot_membership__pb2.ListMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConversations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/message_committer.v1.ConversationMembershipService/ListConversations',
+            message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.SerializeToString,
+            message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

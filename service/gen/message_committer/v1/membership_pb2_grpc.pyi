@@ -51,7 +51,14 @@ class ConversationMembershipServiceStub:
     when the membership changed. NOT_FOUND when the conversation is absent.
     """
     ListMembers: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ListMembersRequest, _membership_pb2.ListMembersResponse]
-    """Lists members sorted by user id, one page at a time."""
+    """Lists members sorted by user id, one page at a time. The page token pins
+    the membership version of the first page, so a change between pages does
+    not skip or repeat anyone.
+    """
+    ListConversations: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ListConversationsRequest, _membership_pb2.ListConversationsResponse]
+    """Lists the conversations a user is a member of now, sorted by conversation
+    id, one page at a time: the authoritative list a client rebuilds from.
+    """
 
 @_typing.type_check_only
 class ConversationMembershipServiceAsyncStub(ConversationMembershipServiceStub):
@@ -71,7 +78,14 @@ class ConversationMembershipServiceAsyncStub(ConversationMembershipServiceStub):
     when the membership changed. NOT_FOUND when the conversation is absent.
     """
     ListMembers: _aio.UnaryUnaryMultiCallable[_membership_pb2.ListMembersRequest, _membership_pb2.ListMembersResponse]  # type: ignore[assignment]
-    """Lists members sorted by user id, one page at a time."""
+    """Lists members sorted by user id, one page at a time. The page token pins
+    the membership version of the first page, so a change between pages does
+    not skip or repeat anyone.
+    """
+    ListConversations: _aio.UnaryUnaryMultiCallable[_membership_pb2.ListConversationsRequest, _membership_pb2.ListConversationsResponse]  # type: ignore[assignment]
+    """Lists the conversations a user is a member of now, sorted by conversation
+    id, one page at a time: the authoritative list a client rebuilds from.
+    """
 
 class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
     """Creates conversations and manages their members."""
@@ -112,6 +126,19 @@ class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _membership_pb2.ListMembersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_membership_pb2.ListMembersResponse, _abc.Awaitable[_membership_pb2.ListMembersResponse]]:
-        """Lists members sorted by user id, one page at a time."""
+        """Lists members sorted by user id, one page at a time. The page token pins
+        the membership version of the first page, so a change between pages does
+        not skip or repeat anyone.
+        """
+
+    @_abc_1.abstractmethod
+    def ListConversations(
+        self,
+        request: _membership_pb2.ListConversationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ListConversationsResponse, _abc.Awaitable[_membership_pb2.ListConversationsResponse]]:
+        """Lists the conversations a user is a member of now, sorted by conversation
+        id, one page at a time: the authoritative list a client rebuilds from.
+        """
 
 def add_ConversationMembershipServiceServicer_to_server(servicer: ConversationMembershipServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,65 @@
+"""The memory backend: embedded, complete, and NOT durable.
+
+Everything lives in one ``MemoryState`` held by the process; a restart of
+the process loses it all. Each operation runs without awaiting in between,
+so on one event loop every transition is atomic, including
+``mark_published_and_committed``. Its clock plays the server's clock: it
+decides expiry, windows and retention, as Redis's TIME does for Redis.
+
+Layout (every map is keyed by tuples, so ids never collide across tenants):
+
+* ``commits[(tenant, sender, cmid)]``: the intent until COMMITTED, then the
+  compact form (identity digest, coordinates, publication);
+* ``conversations[(tenant, conversation)]``: versioned members (per user the
+  version intervals of ``service.domain.membership``, and the users in id
+  order), the last allocated seq, history by seq, the first still-available
+  seq and the seqs of unfinished intents (pinned against retention);
+* ``queue``: the recovery queue, one entry per unfinished key (creation and
+  due time, attempts, last problem, quarantined);
+* ``outbox``: a list; a publication's position is its 1-based index.
+
+Retention is swept lazily at the start of each operation: committed records
+past the idempotency window are dropped; history expires as a prefix (when a
+record expires, every lower seq goes with it and ``available_from_seq`` moves
+past it), but never past the lowest unfinished seq, so a commit that is
+still being finished never loses its record.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from backends.memory.members import MemoryMembershipStore
+from backends.memory.outbox import MemoryOutbox
+from backends.memory.state import MemoryState
+from backends.memory.store import MemoryMessageStore
+from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
+
+__all__ = ["NOT_DURABLE", "MemoryMessageStore", "MemoryState", "open_memory_backend"]
+
+log = logging.getLogger(__name__)
+
+NOT_DURABLE = "memory backend: not durable, every message is lost when the process stops"
+
+
+def open_memory_backend(
+    state: MemoryState | None = None,
+    settings: StoreSettings | None = None,
+    clock: Clock | None = None,
+    identity_form: Literal["digest", "whole"] = "digest",
+) -> Backend:
+    """A memory backend; pass the ``state`` of a closed one to "reopen" it."""
+    state = state if state is not None else MemoryState()
+    members = MemoryMembershipStore(state)
+    store = MemoryMessageStore(
+        state, members, (settings or StoreSettings()).validate(), clock or SystemClock(),
+        identity_form,
+    )  # fmt: skip
+    return Backend(
+        name="memory",
+        store=store,
+        membership=members,
+        outbox=MemoryOutbox(state),
+        durable=False,
+    )

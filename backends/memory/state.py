@@ -1,0 +1,110 @@
+"""Everything a memory backend holds, in one ``MemoryState`` (see the package docs)."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.domain.membership import Intervals
+from service.domain.model import (
+    CommitIntent,
+    CommittedMessage,
+    MessageRecord,
+    OutboxEntry,
+    OutboxPublication,
+)
+
+Key3 = tuple[str, str, str]
+ConvKey = tuple[str, str]
+
+
+@dataclass
+class Commit:
+    """One CommitKey: the intent until COMMITTED, then the compact form."""
+
+    identity: bytes
+    conversation: str
+    intent: CommitIntent | None
+    committed: CommittedMessage | None = None
+    publication: OutboxPublication | None = None
+
+
+@dataclass
+class QueueEntry:
+    """The recovery queue's bookkeeping for one unfinished key."""
+
+    created_at_ms: int
+    due_ms: int
+    attempts: int = 0
+    problem: str = ""
+    quarantined: bool = False
+
+
+@dataclass
+class Conversation:
+    """Versioned members, the seq counter and history of one conversation."""
+
+    version: int = 1
+    member_count: int = 0
+    intervals: dict[str, Intervals] = field(default_factory=dict)
+    users: list[str] = field(default_factory=list)
+    """Every user with intervals, sorted: the order members are listed in."""
+    last_seq: int = 0
+    available_from: int = 1
+    wanted_cut: int = 0
+    """The highest seq retention wants gone; applied up to the lowest pinned seq."""
+    pinned: list[int] = field(default_factory=list)
+    """Sorted seqs retention must not cut: unfinished intents', and those of intents
+    committed after retention had passed their seq, until their own retention."""
+    seqs: list[int] = field(default_factory=list)
+    history: dict[int, MessageRecord] = field(default_factory=dict)
+
+    def add_users(self, new: list[str]) -> None:
+        """Merge never-seen users into the sorted listing order."""
+        fresh = sorted(u for u in new if u not in self.intervals)
+        if fresh:
+            merged: list[str] = []
+            i = j = 0
+            while i < len(self.users) and j < len(fresh):
+                if self.users[i] < fresh[j]:
+                    merged.append(self.users[i])
+                    i += 1
+                else:
+                    merged.append(fresh[j])
+                    j += 1
+            merged += self.users[i:] + fresh[j:]
+            self.users = merged
+
+    def pin(self, seq: int) -> None:
+        bisect.insort(self.pinned, seq)
+
+    def unpin(self, seq: int) -> None:
+        at = bisect.bisect_left(self.pinned, seq)
+        if at < len(self.pinned) and self.pinned[at] == seq:
+            del self.pinned[at]
+
+    def trim(self) -> None:
+        """Apply retention as a prefix, stopping below the lowest unfinished seq."""
+        cut = self.wanted_cut
+        if self.pinned:
+            cut = min(cut, self.pinned[0] - 1)
+        if cut < self.available_from:
+            return
+        end = bisect.bisect_right(self.seqs, cut)
+        for old in self.seqs[:end]:
+            del self.history[old]
+        del self.seqs[:end]
+        self.available_from = cut + 1
+
+
+@dataclass
+class MemoryState:
+    """All data of one memory backend; survives a close/reopen of the stores."""
+
+    commits: dict[Key3, Commit] = field(default_factory=dict)
+    conversations: dict[ConvKey, Conversation] = field(default_factory=dict)
+    queue: dict[Key3, QueueEntry] = field(default_factory=dict)
+    commit_expiry: deque[tuple[int, Key3]] = field(default_factory=deque)
+    history_expiry: deque[tuple[int, ConvKey, int]] = field(default_factory=deque)
+    outbox: list[OutboxEntry] = field(default_factory=list)

@@ -1,0 +1,66 @@
+"""History pages on Redis: one script that authorises the reader (a point lookup
+of its membership intervals), applies retention and reads the page."""
+
+from __future__ import annotations
+
+from backends.redis import codec
+from backends.redis.commits import CommitCalls
+from backends.redis.lua import script
+from service.domain.errors import StoreCorrupt, StoreForbidden, StoreNotFound
+from service.domain.history import build_page
+from service.domain.model import Direction, HistoryPage, HistoryQuery
+
+HISTORY = script(
+    "history",
+    """#!lua flags=allow-oom
+-- KEYS: id meta intervals history expiry pinned
+-- ARGV: dep shift actor direction(f|b) anchor count
+-- allow-oom: its only writes delete (the retention sweep), so reads keep
+-- working when Redis is out of memory
+--@prologue
+--@retention
+--@intervals
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end
+if not iv_is_member(redis.call('HGET', KEYS[3], ARGV[3])) then return {'forbidden'} end
+local avail = sweep(KEYS[2], KEYS[4], KEYS[5], KEYS[6])
+local last = redis.call('HGET', KEYS[2], 's') or '0'
+local items
+if ARGV[4] == 'b' then
+  local high = '+inf'
+  if ARGV[5] ~= '0' then high = '(' .. ARGV[5] end
+  items = redis.call('ZRANGE', KEYS[4], high, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, ARGV[6])
+else
+  items = redis.call('ZRANGE', KEYS[4], '(' .. ARGV[5], '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[6])
+end
+return {'page', avail, last, items}
+""",
+)
+
+SCRIPTS = (HISTORY,)
+
+
+async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
+    ck = calls.keys.conversation(query.tenant, query.conversation)
+    word, rest = await calls.run(
+        HISTORY,
+        [ck.shard.identity, ck.meta, ck.intervals, ck.history, ck.expiry, ck.pinned],
+        [
+            query.actor,
+            "b" if query.direction is Direction.BACKWARD else "f",
+            query.anchor_seq,
+            query.limit + 1,
+        ],
+    )
+    if word == b"noconv":
+        raise StoreNotFound("conversation not found")
+    if word == b"forbidden":
+        raise StoreForbidden("reader is not a member of the conversation")
+    if word != b"page" or len(rest) != 3 or not isinstance(rest[2], list):
+        raise StoreCorrupt("redis gave an unexpected reply")
+    candidates = (codec.decode_history_member(query.tenant, query.conversation, m) for m in rest[2])
+    return build_page(
+        query,
+        candidates,
+        available_from_seq=codec.to_int(rest[0]),
+        last_seq=codec.to_int(rest[1]),
+    )

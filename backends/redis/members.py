@@ -1,0 +1,219 @@
+"""Versioned membership on Redis: per user its version intervals, all users in id order.
+
+A change is one script over the page of users it names (at most 10,000 per
+call), so it costs O(users changed), never O(members). Admission and history
+authorisation are one HGET. Listing the members of a version walks the id
+order with ZRANGE BYLEX and keeps the users whose intervals contain it; a
+call examines at most ``SCAN_BUDGET`` users, so a listing after many
+removals may return short pages (never a wrong one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from backends.redis import codec
+from backends.redis.commits import CommitCalls
+from backends.redis.lua import script
+from service.domain.errors import StoreAlreadyExists, StoreCorrupt, StoreInvalid, StoreNotFound
+from service.domain.model import Admission, MembershipInfo, MembersSlice
+from service.domain.ports import MembershipStore
+
+SCAN_BUDGET = 4
+"""Users examined per listed member asked for (a page of 1,000 reads at most 4,000)."""
+
+_ADD_USERS = """
+local function each_user(first, fn)
+  for i = first, #ARGV do fn(ARGV[i]) end
+end
+"""
+
+CREATE = script(
+    "create_conversation",
+    """#!lua
+-- KEYS: id meta users intervals    ARGV: dep shift member...
+--@prologue
+--@users
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists'} end
+redis.call('DEL', KEYS[3], KEYS[4])
+local count = 0
+each_user(3, function(user)
+  if redis.call('HSETNX', KEYS[4], user, '1') == 1 then
+    redis.call('ZADD', KEYS[3], 0, user)
+    count = count + 1
+  end
+end)
+redis.call('HSET', KEYS[2], 'v', 1, 'f', 1, 'mc', count, 's', 0, 'a', 1, 'wc', 0)
+return {'ok', 1, count}
+""".replace("--@users", _ADD_USERS),
+)
+
+CHANGE = script(
+    "change_members",
+    """#!lua
+-- KEYS: id meta users intervals    ARGV: dep shift add|remove member...
+--@prologue
+--@intervals
+--@users
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end
+local version = tonumber(redis.call('HGET', KEYS[2], 'v'))
+local next_version = version + 1
+local add = ARGV[3] == 'add'
+local changed = 0
+each_user(4, function(user)
+  local text = redis.call('HGET', KEYS[4], user)
+  if iv_is_member(text) ~= add then
+    redis.call('HSET', KEYS[4], user, iv_with(text, next_version))
+    if add then redis.call('ZADD', KEYS[3], 0, user) end
+    changed = changed + 1
+  end
+end)
+if changed > 0 then
+  redis.call('HSET', KEYS[2], 'v', next_version)
+  redis.call('HINCRBY', KEYS[2], 'mc', add and changed or -changed)
+  version = next_version
+end
+return {'ok', version, tonumber(redis.call('HGET', KEYS[2], 'mc'))}
+""".replace("--@users", _ADD_USERS),
+)
+
+ADMISSION = script(
+    "admission",
+    """#!lua flags=no-writes
+-- KEYS: id meta intervals    ARGV: dep shift user
+--@prologue
+--@intervals
+local version = redis.call('HGET', KEYS[2], 'v')
+if not version then return {'none'} end
+return {'ok', tonumber(version), iv_is_member(redis.call('HGET', KEYS[3], ARGV[3])) and 1 or 0}
+""",
+)
+
+MEMBERS_AT = script(
+    "members_at",
+    """#!lua flags=no-writes
+-- KEYS: id meta users intervals    ARGV: dep shift version('' = current) after limit budget
+--@prologue
+--@intervals
+local meta = redis.call('HMGET', KEYS[2], 'v', 'f')
+if not meta[1] then return {'none'} end
+local current, floor = tonumber(meta[1]), tonumber(meta[2] or '1')
+local version = current
+if ARGV[3] ~= '' then version = tonumber(ARGV[3]) end
+if version > current or version < floor then return {'badversion'} end
+local low = '-'
+if ARGV[4] ~= '' then low = '(' .. ARGV[4] end
+local limit, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
+local users = redis.call('ZRANGE', KEYS[3], low, '+', 'BYLEX', 'LIMIT', 0, budget)
+local found, last = {}, ''
+if #users > 0 then
+  local texts = redis.call('HMGET', KEYS[4], unpack(users))
+  for i, user in ipairs(users) do
+    last = user
+    if iv_member_at(texts[i], version) then
+      found[#found + 1] = user
+      if #found == limit then break end
+    end
+  end
+end
+local next_after = ''
+if #users == budget or #found == limit then next_after = last end
+return {'ok', version, next_after, found}
+""",
+)
+
+INFO = script(
+    "membership_info",
+    """#!lua flags=no-writes
+-- KEYS: id meta    ARGV: dep shift
+--@prologue
+local meta = redis.call('HMGET', KEYS[2], 'v', 'mc')
+if not meta[1] then return {'none'} end
+return {'ok', tonumber(meta[1]), tonumber(meta[2] or '0')}
+""",
+)
+
+SCRIPTS = (CREATE, CHANGE, ADMISSION, MEMBERS_AT, INFO)
+
+
+def _info(tenant: str, conversation: str, rest: list[Any]) -> MembershipInfo:
+    if len(rest) != 2:
+        raise StoreCorrupt("redis gave an unexpected reply")
+    return MembershipInfo(tenant, conversation, codec.to_int(rest[0]), codec.to_int(rest[1]))
+
+
+class RedisMembershipStore(MembershipStore):
+    def __init__(self, calls: CommitCalls) -> None:
+        self._calls = calls
+
+    async def create_conversation(
+        self, tenant: str, conversation: str, members: Iterable[str]
+    ) -> MembershipInfo:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        word, rest = await self._calls.run(
+            CREATE, [ck.shard.identity, ck.meta, ck.users, ck.intervals], sorted(set(members))
+        )
+        if word == b"exists":
+            raise StoreAlreadyExists("conversation already exists")
+        return _info(tenant, conversation, rest)
+
+    async def add_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self._change(tenant, conversation, "add", users)
+
+    async def remove_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self._change(tenant, conversation, "remove", users)
+
+    async def _change(
+        self, tenant: str, conversation: str, op: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        word, rest = await self._calls.run(
+            CHANGE,
+            [ck.shard.identity, ck.meta, ck.users, ck.intervals],
+            [op, *sorted(set(users))],
+        )
+        if word == b"noconv":
+            raise StoreNotFound("conversation not found")
+        return _info(tenant, conversation, rest)
+
+    async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        word, rest = await self._calls.run(
+            ADMISSION, [ck.shard.identity, ck.meta, ck.intervals], [user], write=False
+        )
+        if word == b"none":
+            return None
+        if word != b"ok" or len(rest) != 2:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return Admission(codec.to_int(rest[0]), codec.to_int(rest[1]) == 1)
+
+    async def members_at(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        limit = max(1, limit)
+        word, rest = await self._calls.run(
+            MEMBERS_AT,
+            [ck.shard.identity, ck.meta, ck.users, ck.intervals],
+            ["" if version is None else version, after, limit, limit * SCAN_BUDGET],
+            write=False,
+        )
+        if word == b"none":
+            raise StoreNotFound("conversation not found")
+        if word == b"badversion":
+            raise StoreInvalid("the conversation has no readable membership at this version")
+        if word != b"ok" or len(rest) != 3 or not isinstance(rest[2], list):
+            raise StoreCorrupt("redis gave an unexpected reply")
+        members = tuple(codec.to_str(m) for m in rest[2])
+        next_after = codec.to_str(rest[1]) if rest[1] else ""
+        return MembersSlice(members, codec.to_int(rest[0]), next_after)
+
+    async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        word, rest = await self._calls.run(INFO, [ck.shard.identity, ck.meta], [], write=False)
+        return None if word == b"none" else _info(tenant, conversation, rest)
