@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--redis-topology", choices=["standalone", "sentinel"], default="standalone")
+    p.add_argument(
+        "--redis-wait-replicas",
+        type=int,
+        default=None,
+        help="replicas an ACK waits for (MC_REDIS_WAIT_REPLICAS of every serve); default: theirs",
+    )
     p.add_argument("--faults", default="", help="comma-separated fault kinds (default: all)")
     p.add_argument("--sabotage", choices=["identity"], default=None)
     p.add_argument("--keep-dir", type=Path, default=None, help="keep histories and logs here")
@@ -96,6 +102,8 @@ class Nemesis:
         env = self.topology.serve_env()
         if a.sabotage:
             env[SABOTAGE_ENV] = a.sabotage
+        if a.redis_wait_replicas is not None:
+            env["MC_REDIS_WAIT_REPLICAS"] = str(a.redis_wait_replicas)
         for i in range(a.replicas):
             replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work)
             self.replicas.append(replica)
