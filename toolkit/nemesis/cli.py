@@ -13,9 +13,9 @@ history and runs both checkers: the project's own (``checker.py``) and porcupine
 (``linearizability.py``). Prints per schedule what fired and what was found; the last
 line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0.
 
-``--sabotage identity`` starts the replicas with MC_TEST_SABOTAGE=identity (a
-test-only build switch that disables the identity comparison), to show that both
-checkers catch a broken build; a build without the switch is refused.
+``--sabotage identity`` runs the replicas from a copy of this checkout whose identity
+comparison always matches (``sabotage.py``; the service itself has no such switch),
+to show that both checkers catch a broken build.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from service.client import NO_RETRY, CommitClient
 from service.domain.errors import CommitError
 from toolkit.nemesis import checker, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
-from toolkit.nemesis.replicas import Replica, supports
+from toolkit.nemesis.replicas import REPO, Replica, supports
+from toolkit.nemesis.sabotage import SabotageError, broken_build
 from toolkit.nemesis.schedule import MIN_FAULT_S, Fault, FaultKind, make_schedule
 from toolkit.nemesis.topology import RedisTopology, ScyllaTopology, Topology
-from toolkit.nemesis.toxiproxy import ToxiproxyServer
+from toolkit.nemesis.toxiproxy import ToxiproxyError, ToxiproxyServer
 from toolkit.nemesis.workload import SENDERS, Workload
 
 CLOCK_ENV = "MC_TEST_CLOCK_OFFSET"
 CLOCK_OFFSETS_MS = (-2500, -1000, 1000, 2500)
 """Within the Scylla backend's 3 s skew guard: a replica further off refuses to serve."""
-SABOTAGE_ENV = "MC_TEST_SABOTAGE"
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 """How long the fault running at the end may take to end (a node restart on a busy box)."""
@@ -100,12 +100,11 @@ class Nemesis:
         common = ["--recovery-interval", "2s", "--recovery-grace", "5s", "--sender-rate-per-s",
                   "0", "--readiness-interval", "500ms"]  # fmt: skip
         env = self.topology.serve_env()
-        if a.sabotage:
-            env[SABOTAGE_ENV] = a.sabotage
+        root = broken_build(REPO, self.work, a.sabotage) if a.sabotage else None
         if a.redis_wait_replicas is not None:
             env["MC_REDIS_WAIT_REPLICAS"] = str(a.redis_wait_replicas)
         for i in range(a.replicas):
-            replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work)
+            replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work, root)
             self.replicas.append(replica)
             await asyncio.to_thread(replica.start)
 
@@ -285,14 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         print("nemesis: --redis-topology sentinel needs a Redis backend that accepts"
               " redis+sentinel:// URLs; this build's does not", file=sys.stderr)  # fmt: skip
         return 2
-    if args.sabotage and not supports(SABOTAGE_ENV):
-        print(f"nemesis: --sabotage needs a build whose serve reads {SABOTAGE_ENV};"
-              " this one does not", file=sys.stderr)  # fmt: skip
-        return 2
     work = args.keep_dir or Path(tempfile.mkdtemp(prefix="mc-nemesis-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         own, por = asyncio.run(_run(args, work))
+    except (ToxiproxyError, SabotageError) as exc:  # a missing tool or a stale sabotage
+        print(f"nemesis: {exc}", file=sys.stderr)
+        return 2
     finally:
         if args.keep_dir is None:
             shutil.rmtree(work, ignore_errors=True)

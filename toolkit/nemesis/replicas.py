@@ -3,8 +3,9 @@
 Each replica keeps its gRPC and HTTP ports across restarts, so clients keep their
 channels. ``kill`` is SIGKILL (a crash), ``pause``/``resume`` are SIGSTOP/SIGCONT;
 ``start`` waits for the "serving gRPC" log line. Test-only settings that a build may
-not have (``MC_TEST_CLOCK_OFFSET``, ``MC_TEST_SABOTAGE``) are passed as extra
-environment; ``supports`` tells whether this build's service code reads one.
+not have (``MC_TEST_CLOCK_OFFSET``) are passed as extra environment; ``supports``
+tells whether this build's service code reads one. A replica given a ``root`` runs
+``python -m service.cli`` from that directory (a sabotaged copy, see ``sabotage.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def supports(text: str, package: str = "service") -> bool:
     return any(text in p.read_text(errors="replace") for p in (REPO / package).rglob("*.py"))
 
 
-def serve_command() -> list[str]:
+def serve_command(root: Path | None = None) -> list[str]:
+    if root is not None:
+        return [sys.executable, "-m", "service.cli"]
     script = Path(sys.executable).parent / "message-committer"
     return [str(script)] if script.exists() else [sys.executable, "-m", "service.cli"]
 
@@ -40,7 +43,12 @@ class Replica:
     """One ``serve`` process; its log appends to ``<log_dir>/replica<i>.log``."""
 
     def __init__(
-        self, index: int, args: Sequence[str], env: Mapping[str, str], log_dir: Path
+        self,
+        index: int,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        root: Path | None = None,
     ) -> None:
         self.index = index
         self.grpc_port = free_port()
@@ -48,6 +56,7 @@ class Replica:
         self.args = list(args)
         self.env = dict(env)
         self.extra_env: dict[str, str] = {}
+        self.root = root
         self.log_path = log_dir / f"replica{index}.log"
         self._process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
@@ -65,7 +74,7 @@ class Replica:
             return
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         command = [
-            *serve_command(),
+            *serve_command(self.root),
             "serve",
             *self.args,
             "--grpc-address",
@@ -79,7 +88,8 @@ class Replica:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, **self.extra_env},
+                env=self._environment(),
+                cwd=self.root,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -91,6 +101,14 @@ class Replica:
             time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"replica {self.index} did not serve within {START_TIMEOUT_S:.0f}s")
+
+    def _environment(self) -> dict[str, str]:
+        env = {**os.environ, **self.env, **self.extra_env}
+        if self.root is not None:  # the copy first, ahead of the installed packages
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(self.root), env.get("PYTHONPATH")])
+            )
+        return env
 
     def _log_since(self, offset: int) -> str:
         try:
