@@ -76,9 +76,10 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
-    redis_wait_replicas: int = 0
-    """Replicas that must hold a commit before it is acknowledged (Redis WAIT); 0 acks
-    what the primary holds, which an asynchronous failover can lose."""
+    redis_wait_replicas: int | None = field(default=None, metadata={"kind": "replicas"})
+    """Replicas that must hold a commit before it is acknowledged (Redis WAIT). auto:
+    1 for a redis+sentinel:// or redis+cluster:// URL (a failover then keeps every
+    ACK), 0 for one server. 0 acks what the primary holds, which a failover can lose."""
 
     redis_wait_timeout: float = field(default=1.0, metadata=_DURATION)
     """How long a commit waits for those replicas before it answers UNAVAILABLE
@@ -294,6 +295,8 @@ class Option:
         value = self.default
         if value in ("", ()):
             return "none"
+        if value is None:
+            return "auto"
         if isinstance(value, tuple):
             return ",".join(value)
         if self.parse in (parse_duration, parse_signed_duration) and isinstance(value, float):
@@ -370,6 +373,16 @@ def format_duration(seconds: float) -> str:
     return f"{seconds}s"
 
 
+def parse_replicas(text: str) -> int | None:
+    """``auto`` (None) or a count of replicas, 0 or more."""
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise ValueError("expected auto or a number of replicas")
+    return int(value)
+
+
 def _parse_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
@@ -382,6 +395,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "signed_duration": parse_signed_duration,
     "bool": parse_bool,
     "list": _parse_list,
+    "replicas": parse_replicas,
 }
 
 
@@ -391,6 +405,7 @@ _EXPECTED: dict[Callable[[str], object], str] = {
     parse_duration: "a duration such as 250ms, 30s, 15m, 24h or 7d",
     parse_signed_duration: "a duration such as 30s or -2d",
     parse_bool: "true or false",
+    parse_replicas: "auto or a number of replicas (0, 1, 2, ...)",
 }
 
 
@@ -490,7 +505,6 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
-        "redis_wait_replicas",
         "recovery_grace",
         "shutdown_grace",
         "max_mentions",

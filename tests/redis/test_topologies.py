@@ -5,11 +5,15 @@ fails a master over to its replica."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
-from tests.servers.redis_topologies import RedisClusterTopology, SentinelTopology
+from service.domain.errors import Recoverable
+from tests.servers.redis_server import open_initialised
+from tests.servers.redis_topologies import RedisClusterTopology, RedisNode, SentinelTopology
+from tests.support import committer, conversation, send, unique
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster]
 
@@ -54,3 +58,55 @@ def test_redis_cluster_serves_one_slot_per_hash_tag_and_fails_over(
     redis_cluster.wait_masters(3)
     print(f"redis cluster failover took {time.monotonic() - began:.1f}s")
     assert victim not in redis_cluster.masters()  # a replica took over the victim's slots
+
+
+def _owner_and_replica(cluster: RedisClusterTopology, key: str) -> tuple[RedisNode, RedisNode]:
+    """The master that owns ``key``'s slot and its replica."""
+    by_port = {node.port: node for node in cluster.nodes}
+    with cluster.masters()[0].client() as c:
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
+        owner = next(
+            by_port[int(port)]
+            for start, end, (_, port, *_), *_ in c.execute_command("CLUSTER", "SLOTS")
+            if int(start) <= slot <= int(end)
+        )
+    with owner.client() as c:
+        replica = c.info("replication")["slave0"]
+    return owner, by_port[int(replica["port"])]
+
+
+async def test_on_a_cluster_an_ack_waits_for_the_slots_replica_and_survives_its_failover(
+    redis_cluster: RedisClusterTopology,
+) -> None:
+    backend = await open_initialised(redis_cluster.url, wait_replicas=1, wait_timeout_ms=300)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))  # script + WAIT on the slot owner's connection
+        keys = backend.store._keys  # type: ignore[attr-defined]
+        commit_key = keys.conversation(tenant, "c1").commit("alice", kept.cmid)
+        owner, replica = _owner_and_replica(redis_cluster, commit_key)
+        replica.pause()
+        try:
+            with pytest.raises(Recoverable):  # the owner has it, its replica does not: no ACK
+                await c.commit_send(send(tenant))
+        finally:
+            replica.resume()
+        redis_cluster.wait_replicas_linked()
+        owner.kill()  # the replica that acknowledged `kept` takes over the slot
+        redis_cluster.wait_masters(3)
+        owner.start()  # back as the new master's replica: WAIT 1 can be met again
+        redis_cluster.wait_replicas_linked()
+        deadline = time.monotonic() + 30
+        while True:  # recoverable until the moved slot is learnt
+            try:
+                again = await c.commit_send(send(tenant, cmid=kept.cmid))
+                break
+            except Recoverable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        assert again == kept
+    finally:
+        await backend.close()

@@ -11,7 +11,9 @@
   ``redis+cluster://h:p,...``.
 
 Fixtures: ``redis_sentinel`` and ``redis_cluster`` (per test: a fresh topology,
-everything stopped afterwards). A missing ``redis-server`` fails, never skips.
+everything stopped afterwards); ``redis_sentinel_harness`` and
+``redis_cluster_harness`` (the conformance suite's backends, on a fresh prefix of
+one topology shared by the session). A missing ``redis-server`` fails, never skips.
 (No Docker path: the topologies need several containers on one network.)
 """
 
@@ -26,11 +28,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis
 
-from tests.servers.redis_server import RedisServerMissing, _free_port, _ping
+from tests.servers.redis_server import RedisHarness, RedisServerMissing, _free_port, _ping
 
 MASTER_NAME = "mc"
 START_TIMEOUT_S = 20.0
@@ -329,3 +332,47 @@ def redis_cluster() -> Iterator[RedisClusterTopology]:
         yield topology
     finally:
         topology.close()
+
+
+@contextlib.contextmanager
+def _started(make: type[SentinelTopology] | type[RedisClusterTopology]) -> Iterator[Any]:
+    try:
+        topology = make()
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_session() -> Iterator[SentinelTopology]:
+    with _started(SentinelTopology) as topology:
+        yield topology
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session() -> Iterator[RedisClusterTopology]:
+    with _started(RedisClusterTopology) as topology:
+        yield topology
+
+
+def _harness_on(url: str) -> Iterator[RedisHarness]:
+    harness = RedisHarness(url)
+    yield harness
+    with contextlib.suppress(Exception):  # a topology a test broke: keys go with it
+        harness.delete_keys()
+
+
+@pytest.fixture
+def redis_sentinel_harness(redis_sentinel_session: SentinelTopology) -> Iterator[RedisHarness]:
+    """The conformance suite through Sentinel (the master it names, followed)."""
+    yield from _harness_on(redis_sentinel_session.url)
+
+
+@pytest.fixture
+def redis_cluster_harness(redis_cluster_session: RedisClusterTopology) -> Iterator[RedisHarness]:
+    """The conformance suite on a 3 + 3 Redis Cluster (keys hash-tagged per shard)."""
+    yield from _harness_on(redis_cluster_session.url)
