@@ -122,7 +122,7 @@ async def open_redis_backend(
     backend = Backend(
         name="redis",
         store=store,
-        membership=RedisMembershipStore(calls),
+        membership=RedisMembershipStore(calls, store.replication),
         outbox=RedisOutbox(link, keys),
         durable=True,
         requests=link.requests,
