@@ -29,7 +29,7 @@ from backends.scylla.schema import (
     check_keyspace,
 )
 from backends.scylla.sequence import SeqAllocator
-from backends.scylla.session import CqlSession
+from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
@@ -81,6 +81,7 @@ async def open_scylla_backend(
     request_timeout_s: float = 5.0,
     namespace: str = "",
     max_clock_skew_ms: int | None = 3000,
+    node_routes: NodeRoutes | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -97,6 +98,9 @@ async def open_scylla_backend(
     open and every readiness probe measure it against the cluster's and refuse
     (StoreMisconfigured) beyond this bound; None skips the check (tests that
     drive time with a manual clock far from the wall clock).
+
+    ``node_routes`` (``{node address: (host, port)}``) dials each mapped node
+    through its route, e.g. a fault-injection proxy (see ``session``).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
@@ -115,6 +119,7 @@ async def open_scylla_backend(
         consistency=consistency,
         serial_consistency=serial_consistency,
         request_timeout_s=request_timeout_s,
+        node_routes=node_routes,
     )
     try:
         require_version(await schema_version(cql))
