@@ -17,9 +17,11 @@ key (tenant, sender, cmid), which can name a person, is logged at DEBUG.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from service.domain.errors import (
@@ -121,7 +123,7 @@ class MessageCommitter:
         self._observer: CommitObserver = observer or _NoObserver()
         self._policy = recovery or RecoveryPolicy()
         self._max_steps = max_steps
-        self._in_flight: Counter[CommitKey] = Counter()
+        self._attempts: dict[CommitKey, asyncio.Event] = {}
         self._sent_hook = lambda: self.faults.check(FaultPoint.OUTBOX_SENT_UNACKED)
         self._between_hook = lambda: self.faults.check(FaultPoint.BETWEEN_MARKS)
 
@@ -135,25 +137,43 @@ class MessageCommitter:
     ) -> CommittedMessage:
         """Commit ``request`` with a caller-frozen delivery and candidate."""
         self._validate(request)
-        known = await self._before_admission(request)
-        if known is not None:
-            return await self._settle(request, known)
-        admission = await self._admit(request)
-        return await self._commit(request, delivery, candidate, admission)
+        async with self._alone(request.key):
+            known = await self._before_admission(request)
+            if known is not None:
+                return await self._settle(request, known)
+            admission = await self._admit(request)
+            return await self._commit(request, delivery, candidate, admission)
 
     async def commit_send(self, request: AuthenticatedSend) -> CommittedMessage:
         """Commit ``request`` as the gRPC surface does: admission and the version
         the delivery is frozen at come from one point lookup, the candidate is
         made here."""
         self._validate(request)
-        known = await self._before_admission(request)
-        if known is not None:  # a replay, a conflict or an unfinished intent: no admission
-            return await self._settle(request, known)
-        admission = await self._admit(request)
-        now = self._clock.now_ms()
-        candidate = ReserveCandidate(new_message_id(now), now)
-        delivery = FrozenDeliveryInput.at_version(admission.version)
-        return await self._commit(request, delivery, candidate, admission)
+        async with self._alone(request.key):
+            known = await self._before_admission(request)
+            if known is not None:  # a replay, a conflict or an unfinished intent: no admission
+                return await self._settle(request, known)
+            admission = await self._admit(request)
+            now = self._clock.now_ms()
+            candidate = ReserveCandidate(new_message_id(now), now)
+            delivery = FrozenDeliveryInput.at_version(admission.version)
+            return await self._commit(request, delivery, candidate, admission)
+
+    @contextlib.asynccontextmanager
+    async def _alone(self, key: CommitKey) -> AsyncIterator[None]:
+        """Attempts of one key in this committer run one after another. A duplicate
+        (a retry racing its first attempt, a double tap) waits for the attempt in
+        flight, then reads its outcome from the store like any replay (one read on
+        every backend) instead of racing it through every step: on Scylla that race
+        is concurrent Paxos rounds on one row, which time out on a cluster."""
+        while (running := self._attempts.get(key)) is not None:
+            await running.wait()  # cancellation-safe: the attempt in flight is untouched
+        done = self._attempts[key] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._attempts[key]
+            done.set()
 
     async def _commit(
         self,
@@ -167,34 +187,26 @@ class MessageCommitter:
             return await self._existing_or_raise(
                 request, NotAMember("sender is not a member of the conversation"), "not_member"
             )
-        duplicate = self._in_flight[key] > 0  # a retry racing its own first attempt here
-        charged = False
-        if not duplicate:
-            try:
-                self._quota.take(request.tenant, request.sender)
-                charged = True
-            except QuotaExceeded as exc:
-                return await self._existing_or_raise(request, exc, "quota")
-        self._in_flight[key] += 1
+        # No attempt of this key runs beside this one (``_alone``): a racing retry
+        # waits and then replays, so it is never charged.
         try:
-            try:
-                result = await self._store.reserve(request, delivery, candidate)
-            except StoreError as exc:
-                raise self._recoverable(key, request.conversation, "reserve", exc) from exc
-            if charged and not isinstance(result, Reserved):
-                self._quota.refund(request.tenant, request.sender)  # a replay is never charged
-            if isinstance(result, Committed):
-                self._observer.outcome("replayed")
-                return result.message
-            if isinstance(result, Conflict):
-                self._observer.outcome("conflict")
-                raise IdempotencyConflict(key)
-            self.faults.check(FaultPoint.AFTER_RESERVE)
-            return await self._drive(result.intent)
-        finally:
-            self._in_flight[key] -= 1
-            if not self._in_flight[key]:
-                del self._in_flight[key]
+            self._quota.take(request.tenant, request.sender)
+        except QuotaExceeded as exc:
+            return await self._existing_or_raise(request, exc, "quota")
+        try:
+            result = await self._store.reserve(request, delivery, candidate)
+        except StoreError as exc:
+            raise self._recoverable(key, request.conversation, "reserve", exc) from exc
+        if not isinstance(result, Reserved):
+            self._quota.refund(request.tenant, request.sender)  # a replay is never charged
+        if isinstance(result, Committed):
+            self._observer.outcome("replayed")
+            return result.message
+        if isinstance(result, Conflict):
+            self._observer.outcome("conflict")
+            raise IdempotencyConflict(key)
+        self.faults.check(FaultPoint.AFTER_RESERVE)
+        return await self._drive(result.intent)
 
     def _validate(self, request: AuthenticatedSend) -> None:
         try:
