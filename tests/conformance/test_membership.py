@@ -151,3 +151,15 @@ async def test_release1_inline_recipients_still_commit_recover_and_list(
     page = await backend.outbox.read("", 10_000)
     entries = [e for e in page.entries if e.tenant == tenant]
     assert [(e.recipients, e.membership_version) for e in entries] == [(("alice", "bob"), 1)]
+
+
+async def test_member_pages_of_every_size_list_everyone_once(harness: Harness) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    everyone = ["u1", "u2", "u3", "u4", "u5"]
+    await backend.membership.create_conversation(tenant, "c1", everyone)
+    await backend.membership.remove_members(tenant, "c1", ["u2"])
+    now = [u for u in everyone if u != "u2"]
+    for page in range(1, len(everyone) + 2):
+        assert await members(backend, tenant, "c1", page=page) == now, page
+        assert await members(backend, tenant, "c1", 1, page=page) == everyone, page

@@ -142,3 +142,32 @@ async def test_retention_never_removes_the_record_of_an_unfinished_intent(
     clock.advance(2 * DAY + 1)
     page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.FORWARD))
     assert page.records == () and page.available_from_seq == 4
+
+
+async def test_queue_statistics_follow_unfinished_and_quarantined_intents(
+    harness: Harness,
+) -> None:
+    clock = ManualClock()
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c, store, _ = _committer(backend, clock)
+    before = await backend.store.recovery_stats()
+    first = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    created = (await c.recovery_item(first.key)).created_at_ms
+    clock.advance(1_000)
+    second = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    stats = await backend.store.recovery_stats()
+    oldest = before.oldest_unfinished_ms
+    assert stats.oldest_unfinished_ms == (created if oldest is None else min(oldest, created))
+    assert stats.quarantined == before.quarantined
+    store.poison(first.key)
+    clock.advance(60_000)
+    report = await c.recover_due(clock.now_ms() - 30_000, 100)
+    assert (report.committed, report.quarantined) == (1, 1)
+    stats = await backend.store.recovery_stats()
+    assert (stats.oldest_unfinished_ms, stats.quarantined) == (oldest, before.quarantined + 1)
+    store.heal()
+    await c.retry_quarantined(first.key)
+    assert await backend.store.recovery_stats() == before
+    assert (await c.commit_send(second)).seq == 2
