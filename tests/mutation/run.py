@@ -121,12 +121,24 @@ def servers_for(kind: Kind) -> Iterator[dict[str, str]]:
     yield env
 
 
+def markdown(outcomes: Sequence[Outcome]) -> str:
+    """The killed-by table: mutation, what it breaks, verdict, the test that kills it."""
+    lines = ["| mutant | breaks | mutation | verdict | killed by |", "|---|---|---|---|---|"]
+    for o in outcomes:
+        killer = f"`{o.killer}`" if o.killer else ""
+        lines.append(f"| `{o.id}` | {o.promise} | {o.what} | {o.verdict} | {killer} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation.run", description=__doc__)
     parser.add_argument("kind", choices=sorted(SELECTIONS))
     parser.add_argument("--only", default="", help="comma-separated mutant ids")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per mutant, s")
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
+    parser.add_argument(
+        "--markdown", action="store_true", help="end with the killed-by table (docs/mutation.md)"
+    )
     parser.add_argument(
         "--selection", nargs=argparse.REMAINDER, help="pytest arguments instead of the default"
     )
@@ -152,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{kind} mutants: {len(outcomes)}, " + ", ".join(f"{v} {n}" for v, n in counts.items()))
     if args.json:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1) + "\n")
+    if args.markdown:
+        print(markdown(outcomes))
     return 0 if all(o.verdict in ("killed", "timeout") for o in outcomes) else 1
 
 
