@@ -5,11 +5,13 @@
     python -m tests.mutation.run python              # the CI's domain/memory mutants
     python -m tests.mutation.run lua --only ID,ID --selection tests/redis -m redis
 
-Each mutant runs ``pytest -x -p tests.mutation.plugin`` on its kind's
-selection (``catalogue.SELECTIONS``) in a fresh process; the first failing
-test is the killer. One line per mutant, then a summary line; the exit code
-is 0 only when every mutant was killed (a timeout counts as a kill, and is
-shown). Lua mutants share one redis-server this command starts (or
+The selection is first run once without a mutant: when it fails (a backend
+not ported yet, a broken test), no verdict is possible and the command stops
+with exit code 2. Then each mutant runs ``pytest -x -p tests.mutation.plugin``
+on its kind's selection (``catalogue.SELECTIONS``) in a fresh process; the
+first failing test is the killer. One line per mutant, then a summary line;
+the exit code is 0 only when every mutant was killed (a timeout counts as a
+kill, and is shown). Lua mutants share one redis-server this command starts (or
 ``MC_TEST_REDIS_URL``); CQL mutants use the node of ``MC_TEST_CQL_CONTACT``
 (starting a JVM per mutant would take minutes each).
 """
@@ -87,6 +89,22 @@ def run_one(
     return _outcome(mutant, "error", started, f"pytest exit {done.returncode}: {_last_error(out)}")
 
 
+def baseline(
+    selection: Sequence[str], env: dict[str, str], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> tuple[bool, str]:
+    """Run ``selection`` without a mutant: (passed, the last lines of its output)."""
+    clean = {k: v for k, v in env.items() if k != "MC_MUTANT"}
+    try:
+        done = subprocess.run(
+            pytest_command(selection), cwd=ROOT, env=clean, capture_output=True, text=True,
+            timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False, f"no verdict in {timeout_s:.0f}s"
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+    return done.returncode == 0, tail
+
+
 def _last_error(out: str) -> str:
     lines = [line for line in out.splitlines() if "ERROR" in line or "Error" in line]
     return (lines[-1] if lines else out.strip().splitlines()[-1] if out.strip() else "")[:300]
@@ -139,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", action="store_true", help="end with the killed-by table (docs/mutation.md)"
     )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run without a mutant")
     parser.add_argument(
         "--selection", nargs=argparse.REMAINDER, help="pytest arguments instead of the default"
     )
@@ -153,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     print(f"{len(mutants)} {kind} mutant(s), each against: {' '.join(selection)}", flush=True)
     with servers_for(kind) as env:
+        if not args.no_baseline:
+            passed, tail = baseline(selection, env, args.timeout)
+            if not passed:
+                print(f"the selection fails without any mutant; no verdict possible:\n{tail}")
+                return 2
+            print("baseline (no mutant): passed", flush=True)
         for mutant in mutants:
             outcome = run_one(mutant, selection, env, args.timeout)
             outcomes.append(outcome)

@@ -10,12 +10,11 @@ doing, not a broken test.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from tests.mutation.catalogue import BY_ID
-from tests.mutation.run import ROOT, pytest_command, run_one
+from tests.mutation.run import baseline, run_one
 
 pytestmark = pytest.mark.slow
 
@@ -64,17 +63,9 @@ def _env(redis_url: str) -> dict[str, str]:
 
 def test_the_selections_pass_without_a_mutant(redis_url: str) -> None:
     selection = sorted({test for tests in CASES.values() for test in tests})
-    done = subprocess.run(
-        pytest_command(selection),
-        cwd=ROOT,
-        env={k: v for k, v in _env(redis_url).items() if k != "MC_MUTANT"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"{len(selection)} passed" in done.stdout
+    passed, tail = baseline(selection, _env(redis_url), timeout_s=600)
+    assert passed, tail
+    assert f"{len(selection)} passed" in tail
 
 
 @pytest.mark.parametrize("mutant_id", sorted(CASES))
