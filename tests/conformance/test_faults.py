@@ -235,8 +235,9 @@ async def test_resume_existing_finishes_replays_and_refuses_another_request(
     ack = await c.resume_existing(req)
     assert ack is not None and ack.seq == 1
     assert await c.resume_existing(req) == ack
-    with pytest.raises(IdempotencyConflict):
+    with pytest.raises(IdempotencyConflict) as caught:
         await c.resume_existing(dataclasses.replace(req, content=text("another body")))
+    assert caught.value.key == req.key  # the error details name it
 
 
 async def test_a_failed_re_read_is_recoverable_for_the_right_key(harness: Harness) -> None:

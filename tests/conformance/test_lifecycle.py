@@ -214,5 +214,8 @@ async def test_a_sender_who_left_still_finishes_an_unfinished_send_by_retrying(
     await backend.membership.remove_members(tenant, "c1", ["alice"])
     ack = await c.commit_send(req)  # admitted when it was reserved: finished, not refused
     assert ack.seq == 1 and await c.commit_send(req) == ack
+    with pytest.raises(IdempotencyConflict) as caught:  # the key's truth, not NotAMember
+        await c.commit_send(dataclasses.replace(req, content=text("another body")))
+    assert caught.value.key == req.key
     with pytest.raises(NotAMember):
         await c.commit_send(send(tenant))  # a fresh send is refused
