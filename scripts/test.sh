@@ -3,6 +3,8 @@
 # types, then every test (unit, conformance on memory + a real redis-server +
 # a real CQL node, end-to-end over real gRPC, deploy checks).
 # Extra arguments go to pytest, e.g. scripts/test.sh -m redis
+# Without arguments the cases marked both `cluster` and `slow` (the two-DC demonstration,
+# several minutes of node restarts) are left out; run them with -m "cluster and slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -15,5 +17,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== go vet + go test (the nemesis's porcupine checker)"
+(cd toolkit/nemesis/porcupine && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test ./...)
 echo "== pytest"
+if [ $# -eq 0 ]; then set -- -m "not (cluster and slow)"; fi
 .venv/bin/python -m pytest -p no:cacheprovider "$@"

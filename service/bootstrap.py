@@ -64,7 +64,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             settings=settings,
             max_connections=config.redis_max_connections,
             allow_eviction=config.redis_allow_eviction,
-            wait_replicas=config.redis_wait_replicas,
+            wait_replicas=redis_wait_replicas(config),
             wait_timeout_ms=int(config.redis_wait_timeout * 1000),
         )
     if config.backend == "scylla":
@@ -82,8 +82,29 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             serial_consistency="LOCAL_SERIAL"
             if config.scylla_single_dc_conversations
             else "SERIAL",
+            clock=clock,  # Scylla decides expiry by this clock, checked against the cluster
+            max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
+            node_routes=config.scylla_node_routes() or None,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
+
+
+def redis_wait_replicas(config: ServiceConfig) -> int:
+    """The replicas an ACK waits for: MC_REDIS_WAIT_REPLICAS, or auto (1 behind
+    Sentinel or on a Cluster, whose failovers would lose unreplicated ACKs)."""
+    from backends.redis.link import parse_url
+
+    mode = parse_url(config.redis_url).mode
+    replicated = mode in ("sentinel", "cluster")
+    if config.redis_wait_replicas is None:
+        return 1 if replicated else 0
+    if replicated and config.redis_wait_replicas == 0:
+        log.warning(
+            "MC_REDIS_WAIT_REPLICAS=0 on a Redis %s: an ACK is given before any replica"
+            " holds the commit, so a failover can lose acknowledged messages",
+            mode,
+        )
+    return config.redis_wait_replicas
 
 
 def replica_clock(config: ServiceConfig) -> Clock:

@@ -58,6 +58,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",
     ),
+    "nemesis": (
+        "toolkit.nemesis.cli",
+        "faults on replicas and a clustered backend, checked by two history checkers",
+    ),
 }
 
 

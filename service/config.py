@@ -76,9 +76,10 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
-    redis_wait_replicas: int = 0
-    """Replicas that must hold a commit before it is acknowledged (Redis WAIT); 0 acks
-    what the primary holds, which an asynchronous failover can lose."""
+    redis_wait_replicas: int | None = field(default=None, metadata={"kind": "replicas"})
+    """Replicas that must hold a commit before it is acknowledged (Redis WAIT). auto:
+    1 for a redis+sentinel:// or redis+cluster:// URL (a failover then keeps every
+    ACK), 0 for one server. 0 acks what the primary holds, which a failover can lose."""
 
     redis_wait_timeout: float = field(default=1.0, metadata=_DURATION)
     """How long a commit waits for those replicas before it answers UNAVAILABLE
@@ -120,6 +121,10 @@ class ServiceConfig:
     scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
     """Largest difference between this replica's clock and the cluster's that it
     serves with; checked at start-up and by every readiness probe."""
+
+    scylla_node_proxies: tuple[str, ...] = field(default=(), metadata=_LIST)
+    """Comma-separated NODE=HOST:PORT routes: reach the CQL node whose address is
+    NODE through HOST:PORT (a proxy, e.g. for fault injection); other nodes directly."""
 
     idempotency_window: float = field(default=7 * 86400.0, metadata=_DURATION)
     """How long a committed key replays its ACK (default 7d)."""
@@ -221,6 +226,16 @@ class ServiceConfig:
             sender_burst=self.sender_burst,
         )
 
+    def scylla_node_routes(self) -> dict[str, tuple[str, int]]:
+        """``scylla_node_proxies`` as ``{node address: (host, port)}``."""
+        routes = {}
+        for item in self.scylla_node_proxies:
+            node, sep, target = item.partition("=")
+            if not sep or not node.strip():
+                raise ConfigError("MC_SCYLLA_NODE_PROXIES: each item must be NODE=HOST:PORT")
+            routes[node.strip()] = split_address(target.strip(), "MC_SCYLLA_NODE_PROXIES")
+        return routes
+
     def store_settings(self) -> StoreSettings:
         return StoreSettings(
             idempotency_window_ms=int(self.idempotency_window * 1000),
@@ -280,6 +295,8 @@ class Option:
         value = self.default
         if value in ("", ()):
             return "none"
+        if value is None:
+            return "auto"
         if isinstance(value, tuple):
             return ",".join(value)
         if self.parse in (parse_duration, parse_signed_duration) and isinstance(value, float):
@@ -356,6 +373,16 @@ def format_duration(seconds: float) -> str:
     return f"{seconds}s"
 
 
+def parse_replicas(text: str) -> int | None:
+    """``auto`` (None) or a count of replicas, 0 or more."""
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise ValueError("expected auto or a number of replicas")
+    return int(value)
+
+
 def _parse_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
@@ -368,6 +395,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "signed_duration": parse_signed_duration,
     "bool": parse_bool,
     "list": _parse_list,
+    "replicas": parse_replicas,
 }
 
 
@@ -377,6 +405,7 @@ _EXPECTED: dict[Callable[[str], object], str] = {
     parse_duration: "a duration such as 250ms, 30s, 15m, 24h or 7d",
     parse_signed_duration: "a duration such as 30s or -2d",
     parse_bool: "true or false",
+    parse_replicas: "auto or a number of replicas (0, 1, 2, ...)",
 }
 
 
@@ -439,6 +468,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError(
             "the scylla backend needs MC_SCYLLA_CONTACT_POINTS/--scylla-contact-points"
         )
+    config.scylla_node_routes()  # raises ConfigError for a malformed route
     split_address(config.grpc_address, "MC_GRPC_ADDRESS/--grpc-address")
     split_address(config.http_address, "MC_HTTP_ADDRESS/--http-address")
     if bool(config.tls_cert) != bool(config.tls_key):
@@ -475,7 +505,6 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
-        "redis_wait_replicas",
         "recovery_grace",
         "shutdown_grace",
         "max_mentions",

@@ -32,7 +32,7 @@ from backends.redis.lua import Script
 from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
-from service.domain.errors import StoreError, StoreInvalid, StoreSchemaError, StoreUnavailable
+from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
 from service.domain.ports import Backend, Clock, StoreSettings
 
 __all__ = ["SCRIPTS", "open_link", "open_redis_backend"]
@@ -109,9 +109,6 @@ async def open_redis_backend(
         ):
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
-    if wait_replicas and link.cluster:
-        await link.close()
-        raise StoreInvalid("redis: waiting for replicas is not supported on a Redis Cluster")
     calls = CommitCalls(link, keys, deployment.identity, test_clock)
     store = RedisMessageStore(
         calls,
@@ -125,7 +122,7 @@ async def open_redis_backend(
     backend = Backend(
         name="redis",
         store=store,
-        membership=RedisMembershipStore(calls),
+        membership=RedisMembershipStore(calls, store.replication),
         outbox=RedisOutbox(link, keys),
         durable=True,
         requests=link.requests,

@@ -34,13 +34,14 @@ from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rx
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from backends.redis.lua import Script
+from backends.redis.primaries import PrimaryConnections
 from service.domain.errors import (
     StoreCorrupt,
     StoreError,
@@ -180,12 +181,21 @@ def connect(
             client = sentinel.master_for(
                 address.master, db=address.db, max_connections=max_connections, **auth, **common
             )
+            client.mc_sentinels = list(sentinel.sentinels)  # closed with the link
             return client, "sentinel"
         nodes = [ClusterNode(host, port) for host, port in address.hosts]
         make_cluster = cast(Callable[..., Any], RedisCluster)
         cluster = make_cluster(
             startup_nodes=nodes, max_connections=max_connections, **auth, **common
         )
+        # for WAIT, which must share a connection with the write (primaries.py)
+        cluster.mc_node_options = {
+            **{k: v for k, v in auth.items() if k != "ssl"},
+            **({"connection_class": SSLConnection} if address.tls else {}),
+            **common,
+            "max_connections": max(4, max_connections // 4),
+            "timeout": connect_timeout_s + socket_timeout_s,
+        }
         return cluster, "cluster"
     except (ValueError, TypeError, rx.RedisError):
         raise StoreUnavailable("the redis address is malformed") from None
@@ -201,6 +211,18 @@ class RedisLink:
         self.cluster = mode == "cluster"
         self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
         self._closed = False
+        self._primaries = (
+            PrimaryConnections(client, client.mc_node_options) if self.cluster else None
+        )
+
+    async def _same_connection(self, key: str, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """``commands`` pipelined on ONE connection (a Cluster: to ``key``'s primary)."""
+        if self._primaries is not None:
+            return await self._primaries.pipelined(key, commands)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                cast(Callable[..., object], pipe.execute_command)(*command)
+            return list(await pipe.execute())
 
     async def call(self, *args: Arg, write: bool) -> Any:
         """One command, one round trip."""
@@ -211,12 +233,22 @@ class RedisLink:
             raise translate(exc, write=write) from None
 
     async def every_primary(self, *args: Arg) -> list[Any]:
-        """A command for every server (a Cluster's primaries; else the one server)."""
+        """A command for every server (a Cluster's primaries; else the one server):
+        ``SCRIPT LOAD``, ``SCRIPT EXISTS`` (answers merged: loaded everywhere) or
+        ``INFO section`` (one answer per server)."""
         self.requests[CALL] += 1
         try:
             if not self.cluster:
                 return [await self._execute(*args)]
-            replies = await self._execute(*args, target_nodes=RedisCluster.PRIMARIES)
+            command = " ".join(str(a) for a in args[:2]).upper()
+            if command == "SCRIPT LOAD":
+                replies = await self.client.script_load(args[2])
+            elif command == "SCRIPT EXISTS":
+                return [await self.client.script_exists(*args[2:])]
+            elif args and str(args[0]).upper() == "INFO":
+                replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
+            else:
+                raise StoreInvalid("this command is not sent to every server")
         except rx.RedisError as exc:
             raise translate(exc, write=False) from None
         return list(replies.values()) if isinstance(replies, dict) else [replies]
@@ -261,12 +293,10 @@ class RedisLink:
         for attempt in range(2):
             self.requests[CALL] += 1
             try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    cast(Callable[..., object], pipe.execute_command)(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
-                    cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
-                    reply, acked = await pipe.execute()
+                reply, acked = await self._same_connection(
+                    keys[0],
+                    [("EVALSHA", script.sha, len(keys), *keys, *args), ("WAIT", replicas, wait_ms)],
+                )
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None
@@ -284,10 +314,9 @@ class RedisLink:
         acknowledge it, they hold everything written before it too. Returns the count."""
         self.requests[CALL] += 1
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                cast(Callable[..., object], pipe.execute_command)("INCR", key)
-                cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
-                _, acked = await pipe.execute()
+            _, acked = await self._same_connection(
+                key, [("INCR", key), ("WAIT", replicas, wait_ms)]
+            )
         except rx.RedisError as exc:
             raise translate(exc, write=True) from None
         return int(acked)
@@ -313,11 +342,15 @@ class RedisLink:
         if self._closed:
             return
         self._closed = True
+        if self._primaries is not None:
+            await self._primaries.close()
         with contextlib.suppress(rx.RedisError, OSError):  # broken: nothing to release
             if self.cluster:
                 await self.client.aclose()
             else:
                 await self.client.aclose(close_connection_pool=True)
+            for sentinel in getattr(self.client, "mc_sentinels", ()):
+                await sentinel.aclose(close_connection_pool=True)
 
 
 def _text(reply: object) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from backends.redis import codec
 from backends.redis.commits import CommitCalls
 from backends.redis.lua import script
+from backends.redis.replication import Replication
 from service.domain.errors import StoreAlreadyExists, StoreCorrupt, StoreInvalid, StoreNotFound
 from service.domain.model import Admission, MembershipInfo, MembersSlice
 from service.domain.ports import MembershipStore
@@ -144,8 +145,9 @@ def _info(tenant: str, conversation: str, rest: list[Any]) -> MembershipInfo:
 
 
 class RedisMembershipStore(MembershipStore):
-    def __init__(self, calls: CommitCalls) -> None:
+    def __init__(self, calls: CommitCalls, replication: Replication | None = None) -> None:
         self._calls = calls
+        self._replication = replication
 
     async def create_conversation(
         self, tenant: str, conversation: str, members: Iterable[str]
@@ -186,11 +188,13 @@ class RedisMembershipStore(MembershipStore):
         word, rest = await self._calls.run(
             ADMISSION, [ck.shard.identity, ck.meta, ck.intervals], [user], write=False
         )
-        if word == b"none":
-            return None
-        if word != b"ok" or len(rest) != 2:
+        if word != b"none" and (word != b"ok" or len(rest) != 2):
             raise StoreCorrupt("redis gave an unexpected reply")
-        return Admission(codec.to_int(rest[0]), codec.to_int(rest[1]) == 1)
+        admission = None if word == b"none" else Admission(codec.to_int(rest[0]),
+                                                          codec.to_int(rest[1]) == 1)  # fmt: skip
+        if self._replication is not None and (admission is None or not admission.member):
+            await self._replication.confirm(tenant, conversation)  # a refusal waits too
+        return admission
 
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int

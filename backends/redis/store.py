@@ -31,7 +31,8 @@ from backends.redis.deployment import check_eviction, check_identity
 from backends.redis.link import Arg, WriteRefused
 from backends.redis.lua import Script
 from backends.redis.recovery import RedisRecoveryQueue
-from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound, StoreNotReplicated
+from backends.redis.replication import Replication
+from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound
 from service.domain.identity import WHOLE_HEADER, as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
@@ -83,26 +84,20 @@ class RedisMessageStore(MessageStore):
         self._allow_eviction = allow_eviction
         self._scripts = scripts
         self._queue = RedisRecoveryQueue(calls)
-        self._wait = wait_replicas
-        self._wait_ms = wait_timeout_ms
+        self.replication = Replication(calls.link, calls.keys, wait_replicas, wait_timeout_ms)
+        self._replication = self.replication
 
-    # --- acknowledgements that wait for replicas ---------------------------------
-
-    def _check_replicas(self, acked: int) -> None:
-        if acked < self._wait:
-            raise StoreNotReplicated(
-                f"redis: {acked} of the {self._wait} replicas MC_REDIS_WAIT_REPLICAS asks for"
-                " acknowledged the commit in time"
-            )
+    # --- answers that wait for replicas (replication.py) -----------------------
 
     async def _replicated(self, loaded: LoadedCommit | None, tenant: str, conv: str) -> None:
-        """Before a committed result becomes an ACK, make sure replicas hold it."""
-        if self._wait and isinstance(loaded, Committed):
-            shard = self._keys.conversation(tenant, conv).shard
-            link = self._calls.link
-            self._check_replicas(
-                await link.replication_barrier(shard.barrier, self._wait, self._wait_ms)
-            )
+        """Before a committed result or a conflict is answered, replicas hold it."""
+        if isinstance(loaded, Committed | Conflict):
+            await self._replication.confirm(tenant, conv)
+
+    async def _conflict(self, key: CommitKey, conv: str) -> Conflict:
+        conflict = Conflict(key)
+        await self._replicated(conflict, key.tenant, conv)
+        return conflict
 
     # --- reserve and load --------------------------------------------------
 
@@ -119,7 +114,7 @@ class RedisMessageStore(MessageStore):
         shard = ck.shard
         try:
             if not await self._calls.claim(key, conv):
-                return Conflict(key)
+                return await self._conflict(key, conv)
             word, rest = await self._calls.run(
                 RESERVE,
                 [shard.identity, ck.meta, ck.commit(key.sender, key.cmid), ck.pinned,
@@ -148,13 +143,14 @@ class RedisMessageStore(MessageStore):
         if word == b"exists":
             fields = codec.pairs(rest[0] if rest else [])
             if not request.matches_identity(fields.get(b"id", b"")):
-                return Conflict(key)
+                return await self._conflict(key, conv)
             loaded = _interpret(fields, key, conv)
             await self._replicated(loaded, key.tenant, conv)
             return loaded
         if word == b"other":
-            return Conflict(key)
+            return await self._conflict(key, conv)
         if word == b"noconv":
+            await self._replication.confirm(key.tenant, conv)
             raise StoreNotFound("conversation not found")
         raise StoreCorrupt("redis gave an unexpected reply")
 
@@ -167,9 +163,9 @@ class RedisMessageStore(MessageStore):
     async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
         fields, elsewhere = await self._calls.load_in(request.key, request.conversation)
         if fields is None:
-            return Conflict(request.key) if elsewhere else None
+            return await self._conflict(request.key, request.conversation) if elsewhere else None
         if not request.matches_identity(fields.get(b"id", b"")):
-            return Conflict(request.key)
+            return await self._conflict(request.key, request.conversation)
         loaded = _interpret(fields, request.key, request.conversation)
         await self._replicated(loaded, request.key.tenant, request.conversation)
         return loaded
@@ -240,17 +236,18 @@ class RedisMessageStore(MessageStore):
              s.idempotency_window_ms, ttl, s.history_retention_ms,
              self._keys.queue_member(key.tenant, conv, key.sender, key.cmid), conv,
              as_digest(intent.identity), whole]  # fmt: skip
-        if self._wait:
+        replication = self._replication
+        if replication.replicas:
             reply, acked = await self._calls.link.script_and_wait(
                 COMMIT,
                 commit_keys,
                 cast(list[Arg], [*self._calls.head(), *commit_args]),
-                self._wait,
-                self._wait_ms,
+                replication.replicas,
+                replication.wait_ms,
             )
             word, rest = status(reply)
             if word == b"committed":
-                self._check_replicas(acked)
+                replication.check(acked)
         else:
             word, rest = await self._calls.run(COMMIT, commit_keys, commit_args)
         if word == b"conflict":

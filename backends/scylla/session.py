@@ -17,9 +17,17 @@ Everything the Scylla backend sends goes through ``CqlSession``:
 
 Consistency (DESIGN §8, docs/scylla.md): plain reads and writes use
 ``consistency`` (default LOCAL_QUORUM); conditional writes use
-``serial_consistency`` (default LOCAL_SERIAL) for their Paxos phase and
+``serial_consistency`` (default SERIAL) for their Paxos phase and
 ``consistency`` for their commit; re-reads after a refused or unknown
 conditional write use ``serial_consistency``.
+
+Node routes (``node_routes``, for fault-injection proxies such as Toxiproxy):
+the driver learns every node's address *and port* from ``system.peers_v2``, and
+its ``AddressTranslator`` can only rewrite the address, so a translator alone
+would still dial each node's own port. ``RoutedEndPointFactory`` instead makes
+the endpoint of each mapped node its route (host, port); contact points are
+mapped the same way, and Scylla's shard-aware port is not used (it would go
+around the route).
 """
 
 from __future__ import annotations
@@ -47,8 +55,10 @@ from cassandra.cluster import (
     ExecutionProfile,
     NoHostAvailable,
     Session,
+    ShardAwareOptions,
 )
-from cassandra.connection import ConnectionException
+from cassandra.connection import ConnectionException, DefaultEndPoint, EndPointFactory
+from cassandra.metadata import _NodeInfo
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     ExponentialReconnectionPolicy,
@@ -74,6 +84,8 @@ Row = dict[str, Any]
 Params = Sequence[object]
 Send = Callable[[], Awaitable[list[Row]]]
 Mode = Literal["read", "serial", "write", "cas"]
+NodeRoutes = Mapping[str, tuple[str, int]]
+"""``{node address: (host, port) to dial instead}``."""
 Interceptor = Callable[[str, Send], Awaitable[list[Row]]]
 """``(statement name, send) -> rows``: tests wrap a send to inject failures; a
 driver exception raised by the interceptor is translated like a real one.
@@ -104,6 +116,27 @@ def consistency_level(name: str, allowed: Sequence[str]) -> int:
     if upper not in allowed:
         raise StoreInvalid(f"consistency level must be one of {', '.join(allowed)}")
     return int(ConsistencyLevel.name_to_value[upper])
+
+
+class RoutedEndPointFactory(EndPointFactory):  # type: ignore[misc]
+    """Endpoints of discovered nodes: a mapped node's route, else its own address and
+    port (as the driver's DefaultEndPointFactory makes them)."""
+
+    def __init__(self, routes: NodeRoutes, port: int) -> None:
+        self._routes = dict(routes)
+        self._port = port
+
+    def create(self, row: Mapping[str, Any]) -> Any:
+        address = _NodeInfo.get_broadcast_rpc_address(row)
+        if address in self._routes:
+            return DefaultEndPoint(*self._routes[address])
+        return DefaultEndPoint(address, _NodeInfo.get_broadcast_rpc_port(row) or self._port)
+
+
+def _contact_points(points: Sequence[str], port: int, routes: NodeRoutes | None) -> list[Any]:
+    if not routes:
+        return list(points)
+    return [DefaultEndPoint(*routes.get(p, (p, port))) for p in points]
 
 
 class CqlSession:
@@ -142,8 +175,9 @@ class CqlSession:
         password: str | None = None,
         local_dc: str | None = None,
         consistency: str = "LOCAL_QUORUM",
-        serial_consistency: str = "LOCAL_SERIAL",
+        serial_consistency: str = "SERIAL",
         request_timeout_s: float = 5.0,
+        node_routes: NodeRoutes | None = None,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""
         if not contact_points:
@@ -162,9 +196,15 @@ class CqlSession:
         auth = None
         if username is not None:
             auth = PlainTextAuthProvider(username=username, password=password or "")
+        routed: dict[str, Any] = {}
+        if node_routes:
+            routed = {
+                "endpoint_factory": RoutedEndPointFactory(node_routes, port),
+                "shard_aware_options": ShardAwareOptions(disable_shardaware_port=True),
+            }
         try:
             cluster = Cluster(
-                list(contact_points),
+                _contact_points(contact_points, port, node_routes),
                 port=port,
                 protocol_version=4,
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
@@ -174,6 +214,7 @@ class CqlSession:
                 # The driver's default backs off to 10 minutes: after a whole-cluster
                 # outage a replica would stay NOT_SERVING that long once it is back.
                 reconnection_policy=ExponentialReconnectionPolicy(0.5, RECONNECT_MAX_DELAY_S),
+                **routed,
             )
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"scylla: bad cluster settings ({type(exc).__name__})") from None

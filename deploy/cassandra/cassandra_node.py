@@ -9,6 +9,7 @@ download, Maven. Everything binds to 127.0.0.1 on free ports; JMX is off.
     python deploy/cassandra/cassandra_node.py start [--data-dir D] [--port P]
 
 Heap: CASSANDRA_HEAP (default 1G). Logs: <data dir>/logs/{system,stdout}.log.
+Several nodes on loopback aliases, one or two data centres: cassandra_cluster.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn, Self
 
@@ -34,6 +36,7 @@ HOST = "127.0.0.1"
 # Both are logged by 5.0 once CQL is up; the second one only after the port bind succeeded.
 READY_LINES = ("Starting listening for CQL clients", "Startup complete")
 HERE = Path(__file__).resolve().parent
+RACKDC = "cassandra-rackdc.properties"  # GossipingPropertyFileSnitch's dc/rack, beside the yaml
 
 # JVM flags: the JPMS and netty parts of Cassandra's conf/jvm17-server.options, plus a
 # few from jvm-server.options. (-XX:+AlwaysPreTouch / big heaps left out on purpose.)
@@ -42,8 +45,7 @@ _BASE = """-Xss256k -XX:+UseG1GC -XX:+ParallelRefProcEnabled -XX:MaxTenuringThre
     -ea -da:net.openhft... -Djava.net.preferIPv4Stack=true -Djdk.attach.allowAttachSelf=true
     -Dio.netty.tryReflectionSetAccessible=true -Dio.netty.allocator.useCacheForAllThreads=true
     -Dio.netty.allocator.maxOrder=11 -Dcassandra-foreground=yes
-    -Dcassandra.skip_wait_for_gossip_to_settle=0 -Dcassandra.ring_delay_ms=1000
-    -Dcassandra.initial_token=0"""
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 -Dcassandra.ring_delay_ms=1000"""
 _EXPORTS = """java.base/jdk.internal.misc java.management.rmi/com.sun.jmx.remote.internal.rmi
     java.rmi/sun.rmi.registry java.rmi/sun.rmi.server java.sql/java.sql java.base/java.lang.ref
     jdk.unsupported/sun.misc jdk.compiler/com.sun.tools.javac.file jdk.attach/sun.tools.attach"""
@@ -102,10 +104,10 @@ def _java() -> str:
     return str(Path(home) / "bin" / "java") if home else "java"
 
 
-def free_port(*avoid: int) -> int:
+def free_port(*avoid: int, host: str = HOST) -> int:
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
+            s.bind((host, 0))
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
@@ -130,9 +132,36 @@ def _kill_leftovers() -> None:
         node.kill()
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a node sits in a cluster (cassandra_cluster.py fills it in; a lone node
+    keeps the defaults: its own seed, token 0, SimpleSnitch)."""
+
+    seeds: str = ""
+    """host:storage_port of the seed(s); empty: the node is its own seed."""
+    initial_token: str = "0"
+    dc: str = ""
+    """Data centre (GossipingPropertyFileSnitch); empty: SimpleSnitch."""
+    rack: str = "rack1"
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Heap and thread pools; the defaults suit one node on a 2-core box."""
+
+    heap: str = ""
+    """-Xms/-Xmx; empty: CASSANDRA_HEAP, else 1G."""
+    concurrent_reads: int = 8
+    concurrent_writes: int = 8
+    compaction_mib_per_s: int = 64
+    native_transport_max_threads: int = 128
+    jvm_extra: tuple[str, ...] = ()
+
+
 class CassandraNode:
-    """One Cassandra node on 127.0.0.1. Ports are kept in <data dir>/ports.json, so
-    restart() - or a new CassandraNode on the same data dir - reuses them.
+    """One Cassandra node on a loopback address (127.0.0.1 unless ``host`` says
+    otherwise). Ports are kept in <data dir>/ports.json, so restart() - or a new
+    CassandraNode on the same data dir - reuses them.
 
     commitlog_sync="periodic" (fsync every 10s, ScyllaDB's default too) means kill() can
     lose the last seconds of acknowledged writes; use "batch" for crash-durability tests.
@@ -144,23 +173,33 @@ class CassandraNode:
         port: int | None = None,
         *,
         commitlog_sync: Literal["periodic", "batch"] = "periodic",
+        host: str = HOST,
+        storage_port: int | None = None,
+        placement: Placement | None = None,
+        sizing: Sizing | None = None,
     ) -> None:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cassandra-")).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._host = host
         ports_file = self.data_dir / "ports.json"
         saved = json.loads(ports_file.read_text()) if ports_file.exists() else {}
-        self._port: int = port or saved.get("native") or free_port()
-        self.storage_port: int = saved.get("storage") or free_port(self._port)
+        self._port: int = port or saved.get("native") or free_port(host=host)
+        self.storage_port: int = (
+            storage_port or saved.get("storage") or free_port(self._port, host=host)
+        )
         ports_file.write_text(json.dumps({"native": self._port, "storage": self.storage_port}))
         self.commitlog_sync = commitlog_sync
+        self.placement = placement or Placement()
+        self.sizing = sizing or Sizing()
         self.log_path = self.data_dir / "logs" / "system.log"  # Cassandra's log (logback.xml)
         self.stdout_path = self.data_dir / "logs" / "stdout.log"  # java's stdout + stderr
-        self.heap = os.environ.get("CASSANDRA_HEAP", "1G")
+        self.heap = self.sizing.heap or os.environ.get("CASSANDRA_HEAP", "1G")
         self._proc: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0
 
     @property
     def host(self) -> str:
-        return HOST
+        return self._host
 
     @property
     def port(self) -> int:
@@ -181,18 +220,26 @@ class CassandraNode:
         sync = "commitlog_sync: batch"
         if self.commitlog_sync == "periodic":
             sync = "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
+        where, size = self.placement, self.sizing
+        snitch = "GossipingPropertyFileSnitch" if where.dc else "SimpleSnitch"
+        if where.dc:
+            (conf.parent / RACKDC).write_text(
+                f"dc={where.dc}\nrack={where.rack}\nprefer_local=false\n"
+            )
+        seeds = where.seeds or f"{self.host}:{self.storage_port}"
         conf.write_text(f"""\
 cluster_name: message-committer-test
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
-endpoint_snitch: SimpleSnitch
+endpoint_snitch: {snitch}
 num_tokens: 1
-initial_token: 0
+initial_token: {where.initial_token}
+auto_bootstrap: false
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "{HOST}:{self.storage_port}"
-listen_address: {HOST}
-rpc_address: {HOST}
+      - seeds: "{seeds}"
+listen_address: {self.host}
+rpc_address: {self.host}
 storage_port: {self.storage_port}
 native_transport_port: {self._port}
 start_native_transport: true
@@ -214,10 +261,12 @@ key_cache_size: 8MiB
 counter_cache_size: 0MiB
 file_cache_size: 32MiB
 prepared_statements_cache_size: 8MiB
-concurrent_reads: 8
-concurrent_writes: 8
+concurrent_reads: {size.concurrent_reads}
+concurrent_writes: {size.concurrent_writes}
 concurrent_counter_writes: 4
 concurrent_compactors: 1
+compaction_throughput: {size.compaction_mib_per_s}MiB/s
+native_transport_max_threads: {size.native_transport_max_threads}
 """)
         return conf
 
@@ -228,6 +277,9 @@ concurrent_compactors: 1
             f"-Xms{self.heap}",
             f"-Xmx{self.heap}",
             *_JVM_FLAGS,
+            *self.sizing.jvm_extra,
+            f"-Dcassandra.initial_token={self.placement.initial_token}",
+            f"-Dcassandra-rackdc.properties={(conf.parent / RACKDC).as_uri()}",
             *[f"-javaagent:{jar}" for jar in jamm[-1:]],
             f"-Dcassandra.config={conf.as_uri()}",
             f"-Dcassandra.storagedir={self.data_dir}",
@@ -247,13 +299,14 @@ concurrent_compactors: 1
             with socket.socket() as s:  # fail fast (and clearly) if a port is taken
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    s.bind((HOST, port))
+                    s.bind((self.host, port))
                 except OSError as e:
-                    raise CassandraError(f"port {HOST}:{port} is not free: {e}") from e
+                    raise CassandraError(f"port {self.host}:{port} is not free: {e}") from e
         cmd = self._command(ensure_jars(), self._write_config())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "tmp").mkdir(exist_ok=True)
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.log_offset = log_offset  # where this run's lines begin (cassandra_cluster.py)
         with open(self.stdout_path, "ab") as out:
             self._proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out,
@@ -280,7 +333,7 @@ concurrent_compactors: 1
         return all(line.encode() in text for line in READY_LINES)
 
     def _port_open(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection((HOST, self._port), 1):
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self._port), 1):
             return True
         return False
 
@@ -296,6 +349,7 @@ concurrent_compactors: 1
         """SIGTERM (Cassandra drains/flushes on it), then SIGKILL after `grace` seconds."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused JVM would never see the SIGTERM
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=grace)
@@ -311,6 +365,28 @@ concurrent_compactors: 1
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
         _live.discard(self)
+
+    def pause(self) -> None:
+        """SIGSTOP the node: it stops answering but keeps its sockets (a hung process)."""
+        if self.is_running() and self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused node."""
+        if self.is_running() and self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the JVM (0 when not running), from /proc."""
+        if not self.is_running() or self.pid is None:
+            return 0
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return 0
+        return 0
 
     def restart(self, timeout: float = 180) -> None:
         """stop() then start() on the same data dir and ports; data is preserved."""

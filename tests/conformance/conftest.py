@@ -47,6 +47,11 @@ def memory_harness() -> MemoryHarness:
         pytest.param("memory", marks=pytest.mark.memory),
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("scylla", marks=pytest.mark.scylla),
+        # a three-node cluster, RF 3, QUORUM / SERIAL (tests/servers/cql_cluster.py)
+        pytest.param("scylla_cluster", marks=pytest.mark.cluster),
+        # Redis behind Sentinel and a Redis Cluster (tests/servers/redis_topologies.py)
+        pytest.param("redis_sentinel", marks=[pytest.mark.redis, pytest.mark.cluster]),
+        pytest.param("redis_cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
     ]
 )
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:

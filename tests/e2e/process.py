@@ -38,6 +38,21 @@ def run_cli(
     )
 
 
+def run_cli_bounded(
+    args: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one long command (a campaign) to completion within ``timeout`` seconds."""
+    return subprocess.run(
+        [*command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+
+
 class ServeProcess:
     """A ``serve`` process on free loopback ports; its log goes to a temp file."""
 

@@ -20,10 +20,16 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from service.domain.errors import Recoverable
+from service.domain.errors import (
+    ConversationNotFound,
+    IdempotencyConflict,
+    NotAMember,
+    Recoverable,
+    Unavailable,
+)
 from service.domain.ports import Backend
 from tests.servers.redis_server import RedisServer, open_initialised
-from tests.support import committer, conversation, send, unique
+from tests.support import committer, conversation, send, text, unique
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -146,3 +152,38 @@ async def test_waiting_costs_a_round_trip_only_on_the_ack(
     finally:
         await plain.close()
         await waiting.close()
+
+
+async def test_with_wait_a_refusal_waits_for_replicas_too(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """A conflict, an unknown conversation or a non-member is refused only when a
+    replica holds the state the refusal rests on: a primary cut off from its replicas
+    (a demoted one still answering) may be missing the write that would change it."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))
+        reuse = send(tenant, cmid=kept.cmid, content=text("something else"))
+        outsider = send(tenant, sender="mallory")
+        unknown = send(tenant, conversation="nowhere")
+        _pause(replica)
+        try:
+            with pytest.raises(Recoverable):  # after reserve: retry the same key
+                await c.commit_send(reuse)
+            for refused in (outsider, unknown):  # before reserve: UNAVAILABLE all the same
+                with pytest.raises(Unavailable):
+                    await c.commit_send(refused)
+        finally:
+            _resume(replica)
+        _wait_in_sync(own_redis_server.url, replica.url)
+        with pytest.raises(IdempotencyConflict):
+            await c.commit_send(reuse)
+        with pytest.raises(NotAMember):
+            await c.commit_send(outsider)
+        with pytest.raises(ConversationNotFound):
+            await c.commit_send(unknown)
+    finally:
+        await backend.close()

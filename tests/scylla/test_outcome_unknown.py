@@ -8,6 +8,8 @@ the first seq, without a gap, and never be reported from guesswork.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 from cassandra import ConsistencyLevel, ReadTimeout, WriteTimeout, WriteType
 
@@ -15,12 +17,27 @@ from backends.scylla.session import Row, Send
 from service.domain.errors import Recoverable, StoreOutcomeUnknown
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.model import CommitState, InProgress
+from tests.conformance.harness import Harness
 from tests.scylla.conftest import store_of
-from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
 from toolkit.campaign.invariants import Ledger, check_invariants
 
 pytestmark = pytest.mark.scylla
+
+
+@pytest.fixture(
+    params=["single", pytest.param("cluster", marks=pytest.mark.cluster)],
+    ids=["single-node", "cluster"],
+)
+async def scylla(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """The single node (RF 1) and the three-node cluster (RF 3, QUORUM / SERIAL)."""
+    name = "scylla_harness" if request.param == "single" else "scylla_cluster_harness"
+    harness: Harness = request.getfixturevalue(name)
+    try:
+        yield harness
+    finally:
+        await harness.close_all()
+
 
 CONDITIONAL = ["batch:conv.seq", "c.reserve", "c.outboxed", "c.commit"]
 
@@ -71,7 +88,7 @@ class BlindAfterCommit:
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "lost"])
 @pytest.mark.parametrize("statement", CONDITIONAL)
 async def test_a_cas_timeout_converges_to_one_commit_without_a_gap(
-    scylla: ScyllaHarness, statement: str, applied: bool
+    scylla: Harness, statement: str, applied: bool
 ) -> None:
     backend = await scylla.open()
     tenant = unique("t")
@@ -98,7 +115,7 @@ async def test_a_cas_timeout_converges_to_one_commit_without_a_gap(
 
 
 async def test_an_undecidable_commit_mark_is_outcome_unknown_never_success(
-    scylla: ScyllaHarness,
+    scylla: Harness,
 ) -> None:
     backend = await scylla.open()
     tenant = unique("t")

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import importlib
+import itertools
 import os
 import shutil
 import signal
@@ -32,17 +33,20 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from redis import Redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
 
 from backends.redis import open_link, open_redis_backend
 from backends.redis.deployment import initialise
 from backends.redis.keys import KeySpace
+from backends.redis.link import parse_url
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -305,15 +309,25 @@ class RedisHarness(Harness):
     def delete_keys(self) -> int:
         """Delete every key of this prefix (synchronously); returns how many."""
         deleted = 0
-        with Redis.from_url(self.url, socket_timeout=5) as client:
-            cursor = 0
-            for _ in range(MAX_CLEANUP_ROUNDS):
-                cursor, found = client.scan(cursor, match=f"{self.prefix}:*", count=500)
-                if found:
-                    deleted += int(client.delete(*found))
-                if cursor == 0:
-                    break
+        with sync_client(self.url) as client:
+            for key in itertools.islice(
+                client.scan_iter(match=f"{self.prefix}:*", count=500), MAX_CLEANUP_ROUNDS * 500
+            ):
+                deleted += int(client.delete(key))
         return deleted
+
+
+def sync_client(url: str) -> Any:
+    """A synchronous client of any topology the backend accepts (tests only)."""
+    address = parse_url(url)
+    untyped = cast(Callable[..., Any], ClusterNode)
+    if address.mode == "cluster":
+        nodes = [untyped(host, port) for host, port in address.hosts]
+        return RedisCluster(startup_nodes=nodes, password=address.password, socket_timeout=5)
+    if address.mode == "sentinel":
+        sentinel: Any = cast(Callable[..., Any], Sentinel)(list(address.hosts), socket_timeout=5)
+        return sentinel.master_for(address.master, db=address.db, password=address.password)
+    return Redis.from_url(url, socket_timeout=5)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service import config
+from service import bootstrap, config
 from service.config import ConfigError, ServiceConfig, format_duration, parse_duration
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -91,6 +91,8 @@ def test_durations_print_back_in_their_largest_unit() -> None:
         ({"MC_BACKEND": "memory", "MC_RECOVERY_BATCH": "0"}, "MC_RECOVERY_BATCH must be positive"),
         ({"MC_BACKEND": "memory", "MC_RECOVERY_BATCH": "many"}, "MC_RECOVERY_BATCH: invalid value"),
         ({"MC_BACKEND": "memory", "MC_MAX_CONCURRENT_RPCS": "-1"}, "must not be negative"),
+        ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "-1"}, "auto or a number"),
+        ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "all"}, "auto or a number"),
     ],
 )
 def test_bad_configuration_is_exit_code_2(env: dict[str, str], message: str) -> None:
@@ -121,3 +123,25 @@ def test_the_readme_table_lists_every_variable_with_its_default() -> None:
         row = next((line for line in readme.splitlines() if f"`{opt.env}`" in line), None)
         assert row is not None, f"{opt.env} is not in the README"
         assert f"`{opt.default_text}`" in row or opt.default_text == "none", opt.env
+
+
+@pytest.mark.parametrize(
+    ("url", "setting", "waits", "warned"),
+    [
+        ("redis://127.0.0.1:6379/0", None, 0, False),
+        ("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0", None, 1, False),
+        ("rediss+cluster://127.0.0.1:7000/", None, 1, False),
+        ("redis+sentinel://127.0.0.1:26379/mymaster/0", "0", 0, True),
+        ("redis://127.0.0.1:6379/0", "2", 2, False),
+    ],
+)
+def test_an_ack_waits_for_a_replica_by_default_where_a_failover_could_lose_it(
+    url: str, setting: str | None, waits: int, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"MC_BACKEND": "redis", "MC_REDIS_URL": url}
+    if setting is not None:
+        env["MC_REDIS_WAIT_REPLICAS"] = setting
+    loaded = config.load({}, env)
+    assert bootstrap.redis_wait_replicas(loaded) == waits
+    assert ("can lose acknowledged messages" in caplog.text) is warned
+    assert "127.0.0.1" not in caplog.text  # the address is never logged

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from service import eventloop
-from service.config import EVENT_LOOPS, StartupError
+from service.config import EVENT_LOOPS, StartupError, parse_replicas
 from toolkit.bench import loops
 from toolkit.bench.driver import BenchError, ClientPool
 from toolkit.bench.environment import BackendAddress, Environment, run_tag
@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--verbose", action="store_true", help="show the server's log")
     p.add_argument("--redis-url", default=env("MC_REDIS_URL", ""), help="[env MC_REDIS_URL]")
+    p.add_argument(
+        "--redis-wait-replicas",
+        type=parse_replicas,
+        default=parse_replicas(env("MC_REDIS_WAIT_REPLICAS", "auto")),
+        help="replicas an ACK waits for, as serve's MC_REDIS_WAIT_REPLICAS (auto)",
+    )
     p.add_argument("--scylla-contact-points", default=env("MC_SCYLLA_CONTACT_POINTS", ""))
     p.add_argument("--scylla-port", type=int, default=int(env("MC_SCYLLA_PORT", "9042")))
     p.add_argument("--scylla-keyspace", default=env("MC_SCYLLA_KEYSPACE", ""))
@@ -218,7 +224,7 @@ def _run(
         scylla_port=args.scylla_port,
         scylla_keyspace=args.scylla_keyspace,
     )
-    env = Environment(given, tag)
+    env = Environment(given, tag, args.redis_wait_replicas)
     pool = ClientPool(args.clients)
     reports: dict[str, BackendReport] = {}
     compared: Compared = {}
@@ -289,6 +295,7 @@ def _json_settings(
         "workloads": [k.value for k in args.kinds],
         "event_loop": args.loop_name,
         "compare_loops": args.compare_loops,
+        "redis_wait_replicas": args.redis_wait_replicas,
         "backend_address_given": bool(args.redis_url or args.scylla_contact_points),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

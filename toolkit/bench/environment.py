@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from service.bootstrap import build_server, open_backend, tune_gc
+from service.bootstrap import build_server, open_backend, redis_wait_replicas, tune_gc
 from service.config import ServiceConfig, StartupError
 from service.domain.errors import StoreError
 from service.domain.ports import Backend
@@ -147,9 +147,12 @@ def _redis_server_module() -> ModuleType:
 class Environment:
     """Owns the throwaway servers of one bench run; ``close`` kills them all."""
 
-    def __init__(self, given: BackendAddress, run_tag: str) -> None:
+    def __init__(
+        self, given: BackendAddress, run_tag: str, redis_wait_replicas: int | None = None
+    ) -> None:
         self._given = given
         self._tag = run_tag
+        self._wait_replicas = redis_wait_replicas
         self._redis: Any = None
         self._cassandra: Any = None
         self._keyspace = ""
@@ -217,7 +220,9 @@ class Environment:
             sender_rate_per_s=UNLIMITED_RATE,
         )
         if backend == "redis":
-            config = dataclasses.replace(config, redis_url=self.redis_url())
+            config = dataclasses.replace(
+                config, redis_url=self.redis_url(), redis_wait_replicas=self._wait_replicas
+            )
             await _initialise_redis(config.redis_url, config.redis_prefix)
         elif backend == "scylla":
             where = await self.scylla()
@@ -249,6 +254,9 @@ class Environment:
         notes = []
         if backend == "redis" and self._redis is not None:
             notes.append("throwaway redis-server: appendonly yes, appendfsync always")
+        if backend == "redis":
+            waits = redis_wait_replicas(config)
+            notes.append(f"every ACK waits for {waits} replica(s) (MC_REDIS_WAIT_REPLICAS)")
         if backend == "scylla" and self._given.scylla_contact_points:
             notes.append(
                 "given keyspace: the bench's messages stay there (tenant bench-*) and reach"

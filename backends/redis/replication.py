@@ -1,0 +1,48 @@
+"""``MC_REDIS_WAIT_REPLICAS``: which answers wait for replicas before they are given.
+
+Redis replicates asynchronously, and during a failover two servers can take writes
+for a while (a paused primary resumes before Sentinel demotes it). An answer that
+rests on stored state is only safe to give once the state is on a server that will
+survive the failover, so with ``replicas > 0``:
+
+* a **committed result** (fresh, replayed or re-read) waits: the commit's own WAIT,
+  or a barrier (a one-key write + WAIT on one connection; when replicas hold it,
+  they hold everything before it);
+* a **definite refusal** that rests on stored state waits too: an idempotency
+  conflict, "no such conversation" and "not a member". Otherwise a send whose first
+  attempt reserved on the new primary (the replica acknowledgement timed out) could
+  be refused by the old one on its retry, and then be committed by recovery: the
+  sender was told "refused" for a message that exists (the nemesis found exactly
+  this, ``refused-took-effect``).
+
+Fewer replicas than asked for raise StoreNotReplicated: recoverable, retry the key.
+"""
+
+from __future__ import annotations
+
+from backends.redis.keys import KeySpace
+from backends.redis.link import RedisLink
+from service.domain.errors import StoreNotReplicated
+
+
+class Replication:
+    def __init__(self, link: RedisLink, keys: KeySpace, replicas: int, wait_ms: int) -> None:
+        self.link = link
+        self.keys = keys
+        self.replicas = replicas
+        self.wait_ms = wait_ms
+
+    def check(self, acked: int) -> None:
+        """StoreNotReplicated unless ``acked`` replicas acknowledged."""
+        if acked < self.replicas:
+            raise StoreNotReplicated(
+                f"redis: {acked} of the {self.replicas} replicas MC_REDIS_WAIT_REPLICAS asks"
+                " for acknowledged in time"
+            )
+
+    async def confirm(self, tenant: str, conversation: str) -> None:
+        """A barrier on the conversation's shard: replicas hold what was read there."""
+        if self.replicas:
+            shard = self.keys.conversation(tenant, conversation).shard
+            self.check(await self.link.replication_barrier(shard.barrier, self.replicas,
+                                                           self.wait_ms))  # fmt: skip

@@ -1,0 +1,378 @@
+"""Pytest plugin and launchers: Redis with replicas, on loopback ports (``redis-server``).
+
+* ``RedisNode``: one redis-server (AOF, fsync always) that can be killed (SIGKILL),
+  paused (SIGSTOP), resumed and restarted on the same port;
+* ``SentinelTopology``: a master, one replica and three Sentinels
+  (``redis-server <conf> --sentinel``, quorum 2, down after 1 s); ``kill_master`` and
+  ``wait_failover`` force and await a failover; ``url`` is the
+  ``redis+sentinel://h1:p1,h2:p2,h3:p3/<master>/0`` form the backend is to accept;
+* ``RedisClusterTopology``: a Redis Cluster of 3 masters + 3 replicas built with
+  ``redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes``; ``url`` is
+  ``redis+cluster://h:p,...``.
+
+Fixtures: ``redis_sentinel`` and ``redis_cluster`` (per test: a fresh topology,
+everything stopped afterwards); ``redis_sentinel_harness`` and
+``redis_cluster_harness`` (the conformance suite's backends, on a fresh prefix of
+one topology shared by the session). A missing ``redis-server`` fails, never skips.
+(No Docker path: the topologies need several containers on one network.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from tests.servers.redis_server import RedisHarness, RedisServerMissing, _free_port, _ping
+
+MASTER_NAME = "mc"
+START_TIMEOUT_S = 20.0
+FAILOVER_TIMEOUT_S = 30.0
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(200):
+        port = _free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _executable(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise RedisServerMissing(f"{name} is not installed: apt-get install -y redis-server")
+    return found
+
+
+class RedisNode:
+    """One redis-server (or Sentinel) on 127.0.0.1:``port``; data in ``directory``."""
+
+    def __init__(
+        self, directory: Path, *extra: str, sentinel_conf: str = "", bus: bool = False
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = _cluster_port() if bus else _free_port()
+        self.extra = list(extra)
+        self.sentinel_conf = sentinel_conf
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def client(self) -> Redis:
+        return Redis(host="127.0.0.1", port=self.port, socket_timeout=5, decode_responses=True)
+
+    def start(self) -> None:
+        if self.running:
+            return
+        log = str(self.directory / "redis.log")
+        if self.sentinel_conf:
+            conf = self.directory / "sentinel.conf"
+            if not conf.exists():  # Sentinel rewrites its file; keep what it learnt
+                conf.write_text(f"port {self.port}\nbind 127.0.0.1\n{self.sentinel_conf}")
+            args = [str(conf), "--sentinel", "--dir", str(self.directory), "--logfile", log]
+        else:
+            args = [
+                "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                "--logfile", log, *self.extra,
+            ]  # fmt: skip
+        self._process = subprocess.Popen(
+            [_executable("redis-server"), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {log}")
+            if _ping(self.port):
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"redis-server did not answer within {START_TIMEOUT_S:.0f}s")
+
+    def kill(self) -> None:
+        self._end(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self.resume()
+        self._end(signal.SIGTERM)
+
+    def pause(self) -> None:
+        if self._process is not None and self.running:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None and self.running:
+            self._process.send_signal(signal.SIGCONT)
+
+    def _end(self, sig: signal.Signals) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=20)
+
+
+class SentinelTopology:
+    """A master, a replica and three Sentinels watching them."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="mc-sentinel-"))
+        self.master = RedisNode(self.directory / "r0")
+        self.replica = RedisNode(self.directory / "r1")
+        self.replica.extra = ["--replicaof", "127.0.0.1", str(self.master.port)]
+        conf = (
+            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
+            f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+            f"sentinel failover-timeout {MASTER_NAME} 5000\n"
+            f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+        )
+        self.sentinels = [RedisNode(self.directory / f"s{i}", sentinel_conf=conf) for i in range(3)]
+
+    @property
+    def data_nodes(self) -> list[RedisNode]:
+        return [self.master, self.replica]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(s.address for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+
+    def start(self) -> None:
+        for node in (self.master, self.replica, *self.sentinels):
+            node.start()
+        self.wait_replicated()
+
+    def master_port(self) -> int:
+        """The master's port as the Sentinels see it (the first that answers)."""
+        for s in self.sentinels:
+            if not s.running:
+                continue
+            with contextlib.suppress(Exception), s.client() as c:
+                host_port = c.execute_command("SENTINEL", "get-master-addr-by-name", MASTER_NAME)
+                return int(host_port[1])
+        raise RuntimeError("no Sentinel answered")
+
+    def current_master(self) -> RedisNode:
+        port = self.master_port()
+        return next(n for n in self.data_nodes if n.port == port)
+
+    def wait_replicated(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Until the current master has a connected replica in sync."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception), self.current_master().client() as c:
+                replica = c.info("replication").get("slave0")
+                if isinstance(replica, dict) and replica.get("state") == "online":
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("the replica did not connect to the master in time")
+
+    def kill_master(self) -> RedisNode:
+        """SIGKILL the current master; returns it (restart it with ``start``)."""
+        node = self.current_master()
+        node.kill()
+        return node
+
+    def wait_failover(self, old_port: int, timeout: float = FAILOVER_TIMEOUT_S) -> int:
+        """Until the Sentinels name a master other than ``old_port``; its port."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RuntimeError):
+                port = self.master_port()
+                if port != old_port:
+                    return port
+            time.sleep(0.1)
+        raise RuntimeError(f"no failover within {timeout:.0f}s")
+
+    def close(self) -> None:
+        for node in (*self.sentinels, self.replica, self.master):
+            node.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RedisClusterTopology:
+    """A Redis Cluster: 3 masters + 3 replicas."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="mc-rcluster-"))
+        cluster_args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                        "--cluster-config-file", "nodes.conf")  # fmt: skip
+        self.nodes = [
+            RedisNode(self.directory / f"n{i}", *cluster_args, bus=True) for i in range(6)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(n.address for n in self.nodes)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        result = subprocess.run(
+            [_executable("redis-cli"), "--cluster", "create", *(n.address for n in self.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{result.stdout[-2000:]}")
+        self.wait_ok()
+        self.wait_replicas_linked()
+
+    def wait_replicas_linked(self, timeout: float = FAILOVER_TIMEOUT_S) -> None:
+        """Until every replica's link to its master is up: a replica that never synced
+        would refuse to take over (its data would be too old)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            linked = 0
+            for node in self.nodes:
+                with contextlib.suppress(Exception), node.client() as c:
+                    info = c.info("replication")
+                    linked += info.get("role") == "slave" and info.get("master_link_status") == "up"
+            if linked == len(self.nodes) // 2:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the Redis Cluster replicas did not link up in time")
+
+    def wait_ok(self, timeout: float = FAILOVER_TIMEOUT_S) -> None:
+        """Until every running node reports cluster_state:ok."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                if node.running:
+                    with contextlib.suppress(Exception), node.client() as c:
+                        states.append(c.execute_command("CLUSTER", "INFO").count("state:ok"))
+            if states and all(states):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the Redis Cluster did not reach state ok in time")
+
+    def wait_masters(self, count: int = 3, timeout: float = FAILOVER_TIMEOUT_S) -> None:
+        """Until ``count`` running nodes are masters and the cluster is ok (a failover)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.masters()) >= count:
+                self.wait_ok(max(1.0, deadline - time.monotonic()))
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"fewer than {count} masters after {timeout:.0f}s")
+
+    def masters(self) -> list[RedisNode]:
+        result = []
+        for node in self.nodes:
+            if node.running:
+                with contextlib.suppress(Exception), node.client() as c:
+                    if c.info("replication").get("role") == "master":
+                        result.append(node)
+        return result
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_sentinel() -> Iterator[SentinelTopology]:
+    try:
+        topology = SentinelTopology()
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[RedisClusterTopology]:
+    try:
+        topology = RedisClusterTopology()
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@contextlib.contextmanager
+def _started(make: type[SentinelTopology] | type[RedisClusterTopology]) -> Iterator[Any]:
+    try:
+        topology = make()
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_session() -> Iterator[SentinelTopology]:
+    with _started(SentinelTopology) as topology:
+        yield topology
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session() -> Iterator[RedisClusterTopology]:
+    with _started(RedisClusterTopology) as topology:
+        yield topology
+
+
+def _harness_on(url: str) -> Iterator[RedisHarness]:
+    harness = RedisHarness(url)
+    yield harness
+    with contextlib.suppress(Exception):  # a topology a test broke: keys go with it
+        harness.delete_keys()
+
+
+@pytest.fixture
+def redis_sentinel_harness(redis_sentinel_session: SentinelTopology) -> Iterator[RedisHarness]:
+    """The conformance suite through Sentinel (the master it names, followed)."""
+    yield from _harness_on(redis_sentinel_session.url)
+
+
+@pytest.fixture
+def redis_cluster_harness(redis_cluster_session: RedisClusterTopology) -> Iterator[RedisHarness]:
+    """The conformance suite on a 3 + 3 Redis Cluster (keys hash-tagged per shard)."""
+    yield from _harness_on(redis_cluster_session.url)

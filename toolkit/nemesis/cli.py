@@ -1,0 +1,300 @@
+"""``message-committer nemesis``: replicas over a clustered backend, faults, two checkers.
+
+    message-committer nemesis --backend {redis,scylla} --schedules N --duration S [--seed K]
+
+Starts the storage (scylla: a three-node Cassandra cluster, RF 3, QUORUM / SERIAL;
+redis: a standalone redis-server, or ``--redis-topology sentinel``), a Toxiproxy proxy
+in front of each storage node, ``--replicas`` ``serve`` processes reaching storage
+through the proxies, and ``--clients`` concurrent gRPC clients recording every call
+in a JSONL history (``toolkit/nemesis/history.py``). Schedule i runs the faults of
+seed K+i (``toolkit/nemesis/schedule.py``; replay one with ``--seed K+i
+--schedules 1``), then heals everything, recovers, reads every conversation's whole
+history and runs both checkers: the project's own (``checker.py``) and porcupine
+(``linearizability.py``). Prints per schedule what fired and what was found; the last
+line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0.
+
+``--sabotage identity`` runs the replicas from a copy of this checkout whose identity
+comparison always matches (``sabotage.py``; the service itself has no such switch),
+to show that both checkers catch a broken build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from service.api.errors import ConversationExists
+from service.client import NO_RETRY, CommitClient
+from service.domain.errors import CommitError
+from toolkit.nemesis import checker, linearizability
+from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
+from toolkit.nemesis.replicas import REPO, Replica, supports
+from toolkit.nemesis.sabotage import SabotageError, broken_build
+from toolkit.nemesis.schedule import MIN_FAULT_S, Fault, FaultKind, make_schedule
+from toolkit.nemesis.topology import RedisTopology, ScyllaTopology, Topology
+from toolkit.nemesis.toxiproxy import ToxiproxyError, ToxiproxyServer
+from toolkit.nemesis.workload import SENDERS, Workload
+
+CLOCK_ENV = "MC_TEST_CLOCK_OFFSET"
+CLOCK_OFFSETS_MS = (-2500, -1000, 1000, 2500)
+"""Within the Scylla backend's 3 s skew guard: a replica further off refuses to serve."""
+STOP_GRACE_S = 25.0
+FAULT_END_TIMEOUT_S = 400.0
+"""How long the fault running at the end may take to end (a node restart on a busy box)."""
+READY_TIMEOUT_S = 90.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="message-committer nemesis", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--backend", choices=["redis", "scylla"], required=True)
+    p.add_argument("--schedules", type=int, default=1)
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of faults per schedule")
+    p.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
+    p.add_argument("--max-fault-seconds", type=float, default=8.0, help="longest fault")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--conversations", type=int, default=4)
+    p.add_argument("--redis-topology", choices=["standalone", "sentinel"], default="standalone")
+    p.add_argument(
+        "--redis-wait-replicas",
+        type=int,
+        default=None,
+        help="replicas an ACK waits for (MC_REDIS_WAIT_REPLICAS of every serve); default: theirs",
+    )
+    p.add_argument("--faults", default="", help="comma-separated fault kinds (default: all)")
+    p.add_argument("--sabotage", choices=["identity"], default=None)
+    p.add_argument("--keep-dir", type=Path, default=None, help="keep histories and logs here")
+    return p
+
+
+class Nemesis:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.toxiproxy = ToxiproxyServer(log_dir=work)
+        self.topology: Topology | None = None
+        self.replicas: list[Replica] = []
+        self.fired: dict[str, int] = {}
+        self.unsupported: list[str] = []
+        self.skipped = 0
+
+    async def start(self) -> None:
+        toxi = self.toxiproxy.start()
+        a = self.args
+        if a.backend == "scylla":
+            self.topology = ScyllaTopology(self.work, toxi)
+        else:
+            self.topology = RedisTopology(self.work, toxi, a.redis_topology)
+        began = time.monotonic()
+        await self.topology.start()
+        print(f"storage: {a.backend} up in {time.monotonic() - began:.1f}s", flush=True)
+        common = ["--recovery-interval", "2s", "--recovery-grace", "5s", "--sender-rate-per-s",
+                  "0", "--readiness-interval", "500ms"]  # fmt: skip
+        env = self.topology.serve_env()
+        root = broken_build(REPO, self.work, a.sabotage) if a.sabotage else None
+        if a.redis_wait_replicas is not None:
+            env["MC_REDIS_WAIT_REPLICAS"] = str(a.redis_wait_replicas)
+        for i in range(a.replicas):
+            replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work, root)
+            self.replicas.append(replica)
+            await asyncio.to_thread(replica.start)
+
+    def kinds(self) -> list[FaultKind]:
+        assert self.topology is not None
+        kinds = [*self.topology.fault_kinds(), FaultKind("kill-replica", len(self.replicas))]
+        if supports(CLOCK_ENV):
+            kinds.append(FaultKind("clock-offset", len(self.replicas)))
+        else:
+            note = f"clock-offset: not supported by this build (serve does not read {CLOCK_ENV})"
+            if note not in self.unsupported:
+                self.unsupported.append(note)
+        wanted = {k for k in self.args.faults.split(",") if k}
+        return [k for k in kinds if not wanted or k.name in wanted]
+
+    async def apply(self, fault: Fault, history: HistoryWriter) -> None:
+        assert self.topology is not None
+        for t in fault.targets:
+            history.fault(fault.kind, str(t), "start")
+            try:
+                await self._begin(fault.kind, t)
+            except Exception as exc:
+                print(f"  fault {fault.kind}[{t}] failed to start: {type(exc).__name__}: {exc}")
+        self.fired[fault.kind] = self.fired.get(fault.kind, 0) + 1
+        await asyncio.sleep(fault.for_s)
+        for t in fault.targets:
+            try:
+                await self._end(fault.kind, t)
+            except Exception as exc:
+                print(f"  fault {fault.kind}[{t}] failed to end: {type(exc).__name__}: {exc}")
+            history.fault(fault.kind, str(t), "end")
+
+    async def _begin(self, kind: str, target: int) -> None:
+        assert self.topology is not None
+        if kind == "kill-replica":
+            self.replicas[target].kill()
+        elif kind == "clock-offset":
+            offset = random.Random(target).choice(CLOCK_OFFSETS_MS)
+            await asyncio.to_thread(self.replicas[target].restart, {CLOCK_ENV: f"{offset}ms"})
+        else:
+            await self.topology.begin(kind, target)
+
+    async def _end(self, kind: str, target: int) -> None:
+        assert self.topology is not None
+        if kind == "kill-replica":
+            await asyncio.to_thread(self.replicas[target].start)
+        elif kind == "clock-offset":
+            await asyncio.to_thread(self.replicas[target].restart, {})
+        else:
+            await self.topology.end(kind, target)
+
+    async def heal(self) -> None:
+        assert self.topology is not None
+        await self.topology.heal()
+        for replica in self.replicas:
+            replica.resume()
+            if replica.extra_env:
+                await asyncio.to_thread(replica.restart, {})
+            await asyncio.to_thread(replica.start)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for replica in self.replicas:
+            async with CommitClient.connect(replica.target, retry=NO_RETRY) as client:
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(Exception):
+                        if await client.health() == "SERVING":
+                            break
+                    await asyncio.sleep(0.5)
+
+    async def create_conversations(self, tenant: str) -> list[str]:
+        names = [f"conv{i}" for i in range(self.args.conversations)]
+        async with CommitClient.connect(self.replicas[0].target, retry=NO_RETRY) as client:
+            for name in names:
+                for _ in range(20):
+                    try:
+                        await client.create_conversation(tenant, name, SENDERS)
+                        break
+                    except ConversationExists:  # a lost reply to an earlier attempt
+                        break
+                    except CommitError:
+                        await asyncio.sleep(1.0)
+        return names
+
+    async def schedule(self, seed: int) -> tuple[int, int]:
+        a = self.args
+        tenant = f"nemesis-{seed}-{uuid.uuid4().hex[:6]}"
+        conversations = await self.create_conversations(tenant)
+        path = self.work / f"schedule-{seed}.jsonl"
+        history = HistoryWriter(path)
+        faults = make_schedule(seed, self.kinds(), a.duration, a.max_fault_seconds)
+        print(f"schedule seed {seed}: {len(faults)} faults", flush=True)
+        for f in faults:
+            print(f"  {f.describe()}")
+        targets = [r.target for r in self.replicas]
+        work = Workload(tenant, conversations, targets, history, random.Random(seed))
+        work.open()
+        stop = asyncio.Event()
+        began = time.monotonic()
+        clients = [asyncio.create_task(work.client(i + 1, stop)) for i in range(a.clients)]
+
+        async def nemesis() -> None:
+            for fault in faults:  # one after another: a slow node restart delays the rest
+                if time.monotonic() - began + MIN_FAULT_S > a.duration:
+                    self.skipped += 1  # out of time: never begin a fault after the end
+                    continue
+                await asyncio.sleep(max(0.0, began + fault.at_s - time.monotonic()))
+                await self.apply(fault, history)
+
+        faulting = asyncio.create_task(nemesis())
+        await asyncio.sleep(a.duration)
+        stop.set()
+        await asyncio.wait_for(faulting, FAULT_END_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.gather(*clients), STOP_GRACE_S)
+        await self.heal()
+        settled = await work.settle()
+        await work.close()
+        history.close()
+        own = checker.check(load_file(path))
+        html = self.work / f"schedule-{seed}-porcupine.html" if a.keep_dir else None
+        por = await asyncio.to_thread(linearizability.run, path, html)
+        counts = work.counts
+        fired = ", ".join(f"{k} x{n}" for k, n in sorted(fault_counts(path).items())) or "none"
+        print(
+            f"  ops {sum(counts.get(k, 0) for k in ('acks', 'unknown')) + _errors(counts)}:"
+            f" acks {counts.get('acks', 0)}, unknown {counts.get('unknown', 0)},"
+            f" errors {_errors(counts)}, retries {counts.get('retries', 0)},"
+            f" replays {counts.get('replays', 0)}, conflicts {counts.get('conflicts', 0)};"
+            f" recovered {settled['recovered']}, probes {settled['probes']}",
+            flush=True,
+        )
+        print(f"  fired: {fired}")
+        for anomaly in own[:20]:
+            print(f"  checker: {anomaly}")
+        for line in por.output.splitlines():
+            if line.startswith(("conversation ", "visualisation")):
+                print(f"  porcupine: {line}")
+        print(f"  anomalies: {len(own)} (checker), {por.anomalies} (porcupine)", flush=True)
+        return len(own), por.anomalies
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):
+                replica.kill()
+        if self.topology is not None:
+            with contextlib.suppress(Exception):
+                self.topology.close()
+        self.toxiproxy.stop()
+
+
+def _errors(counts: dict[str, int]) -> int:
+    return sum(n for k, n in counts.items() if k.startswith("error "))
+
+
+async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int]:
+    nemesis = Nemesis(args, work)
+    total_own = total_por = 0
+    try:
+        await nemesis.start()
+        first = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+        for i in range(args.schedules):
+            own, por = await nemesis.schedule(first + i)
+            total_own += own
+            total_por += por
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.fired.items())) or "none"
+        print(f"faults fired over {args.schedules} schedule(s): {kinds}")
+        if nemesis.skipped:
+            print(f"faults not begun (out of time after slow restarts): {nemesis.skipped}")
+        for note in nemesis.unsupported:
+            print(note)
+    finally:
+        nemesis.close()
+    return total_own, total_por
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.redis_topology == "sentinel" and not supports("redis+sentinel", "backends/redis"):
+        print("nemesis: --redis-topology sentinel needs a Redis backend that accepts"
+              " redis+sentinel:// URLs; this build's does not", file=sys.stderr)  # fmt: skip
+        return 2
+    work = args.keep_dir or Path(tempfile.mkdtemp(prefix="mc-nemesis-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        own, por = asyncio.run(_run(args, work))
+    except (ToxiproxyError, SabotageError) as exc:  # a missing tool or a stale sabotage
+        print(f"nemesis: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if args.keep_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"histories and logs kept in {work}")
+    print(f"anomalies: {own} (checker), {por} (porcupine)")
+    return 1 if own + por else 0
