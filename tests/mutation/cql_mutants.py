@@ -1,14 +1,11 @@
 """Hand-made mutants of the Scylla backend: its conditional writes (the ``IF``
 clauses) and the decisions it takes from a serial re-read.
 
-Written against the Scylla port (branch ``scylla``, commit bb94a4c); until that
-port is merged, these texts are not in ``backends/scylla/`` and the runner
-reports each mutant as stale. A CQL mutant keeps the statement valid and its
-bind markers unchanged (one that fails to prepare would be "killed" by a
-syntax error, which proves nothing), so the conditions are weakened, never
-removed.
+A CQL mutant keeps the statement valid and its bind markers unchanged (one
+that fails to prepare would be "killed" by a syntax error, which proves
+nothing), so the conditions are weakened, never removed.
 
-Run once the port lands (``docs/mutation.md``)::
+Run with a CQL node (``docs/mutation.md``)::
 
     MC_TEST_CQL_CONTACT=127.0.0.1:40011 .venv/bin/python -m tests.mutation.run cql
 """
