@@ -1,5 +1,6 @@
-"""CI's smoke of the mutation campaigns: the most important mutants, each killed
-by a targeted test selection (docs/mutation.md has the full campaigns).
+"""CI's smoke of the mutation campaigns: the most important mutants (Python,
+Lua, CQL), each killed by a targeted test selection (docs/mutation.md has the
+full campaigns).
 
 Each case runs pytest in a fresh process with one mutant applied
 (``tests.mutation.plugin``) on the few tests that must kill it; the same
@@ -57,19 +58,50 @@ CASES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-def _env(redis_url: str) -> dict[str, str]:
-    return {**os.environ, "MC_TEST_REDIS_URL": redis_url}
+CQL_CASES: dict[str, tuple[str, ...]] = {
+    # the CQL node of the session (a conditional write that loses a race)
+    "scylla-if-outboxed-any-state": (
+        "tests/scylla/test_races.py::test_a_publish_mark_that_loses_to_a_commit_leaves_the_commit[same-publication]",
+    ),
+}  # fmt: skip
 
 
-def test_the_selections_pass_without_a_mutant(redis_url: str) -> None:
-    selection = sorted({test for tests in CASES.values() for test in tests})
-    passed, tail = baseline(selection, _env(redis_url), timeout_s=600)
+def _env(**servers: str) -> dict[str, str]:
+    return {**os.environ, **servers}
+
+
+def _cql(contact: tuple[str, int]) -> dict[str, str]:
+    return _env(MC_TEST_CQL_CONTACT=f"{contact[0]}:{contact[1]}")
+
+
+def _assert_baseline(cases: dict[str, tuple[str, ...]], env: dict[str, str]) -> None:
+    selection = sorted({test for tests in cases.values() for test in tests})
+    passed, tail = baseline(selection, env, timeout_s=600)
     assert passed, tail
     assert f"{len(selection)} passed" in tail
 
 
+def _assert_killed(mutant_id: str, cases: dict[str, tuple[str, ...]], env: dict[str, str]) -> None:
+    outcome = run_one(BY_ID[mutant_id], cases[mutant_id], env, timeout_s=300)
+    assert outcome.verdict == "killed", outcome
+    assert outcome.killer in cases[mutant_id], outcome
+
+
+def test_the_selections_pass_without_a_mutant(redis_url: str) -> None:
+    _assert_baseline(CASES, _env(MC_TEST_REDIS_URL=redis_url))
+
+
 @pytest.mark.parametrize("mutant_id", sorted(CASES))
 def test_the_mutant_is_killed(mutant_id: str, redis_url: str) -> None:
-    outcome = run_one(BY_ID[mutant_id], CASES[mutant_id], _env(redis_url), timeout_s=300)
-    assert outcome.verdict == "killed", outcome
-    assert outcome.killer in CASES[mutant_id], outcome
+    _assert_killed(mutant_id, CASES, _env(MC_TEST_REDIS_URL=redis_url))
+
+
+@pytest.mark.scylla
+def test_the_cql_selection_passes_without_a_mutant(cql_contact: tuple[str, int]) -> None:
+    _assert_baseline(CQL_CASES, _cql(cql_contact))
+
+
+@pytest.mark.scylla
+@pytest.mark.parametrize("mutant_id", sorted(CQL_CASES))
+def test_the_cql_mutant_is_killed(mutant_id: str, cql_contact: tuple[str, int]) -> None:
+    _assert_killed(mutant_id, CQL_CASES, _cql(cql_contact))
