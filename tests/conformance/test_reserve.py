@@ -101,11 +101,12 @@ async def test_a_key_reused_with_a_different_request_is_a_conflict(
     req = send(tenant)
     ack = await c.commit_send(req)
     changed = _variants(req)[field]
-    with pytest.raises(IdempotencyConflict):
+    with pytest.raises(IdempotencyConflict) as refused:
         await c.commit_send(changed)
+    assert refused.value.key == req.key  # the error details are built from it
     assert await backend.store.load_commit_for_request(changed) == Conflict(req.key)
-    assert isinstance(
-        await backend.store.reserve(changed, DELIVERY, ReserveCandidate("x", 1)), Conflict
+    assert await backend.store.reserve(changed, DELIVERY, ReserveCandidate("x", 1)) == Conflict(
+        req.key
     )
     with pytest.raises(IdempotencyConflict):
         await c.resume_existing(changed)

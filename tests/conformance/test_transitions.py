@@ -116,6 +116,21 @@ async def test_a_different_publication_is_refused_and_leaves_the_first(harness: 
     assert await backend.store.mark_committed(loaded.intent) == ack  # retry replays
 
 
+async def test_atomic_commit_of_an_intent_published_with_this_publication_commits_it(
+    harness: Harness,
+) -> None:
+    """A retry after the publish-mark, with the same outbox ack: retry-safe, not refused."""
+    backend = await harness.open()
+    intent = await _reserved(backend, unique("t"))
+    await backend.store.put_record(intent)
+    recorded = intent.advanced(CommitState.RECORDED)
+    pub = OutboxPublication("s", "1")
+    await backend.store.mark_outbox_published(recorded, pub)
+    ack = await backend.store.mark_published_and_committed(recorded, pub)
+    assert ack == intent.committed_message()
+    assert await _state(backend, intent) is CommitState.COMMITTED
+
+
 async def test_atomic_commit_replays_and_refuses_another_publication(harness: Harness) -> None:
     backend = await harness.open()
     intent = await _reserved(backend, unique("t"))

@@ -27,7 +27,7 @@ SELECTIONS: dict[Kind, tuple[str, ...]] = {
         "tests/conformance",
         "tests/campaign/test_fault_campaign.py",
         "-m",
-        "not redis and not scylla",
+        "not redis and not scylla and not cluster",
     ),
 }
 """What each kind of mutant is run against (with ``-x``: the first failure kills)."""

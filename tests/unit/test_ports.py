@@ -89,6 +89,7 @@ async def test_a_crash_between_the_marks_leaves_the_publication_recoverable() ->
     published = (await backend.outbox.read("", 10)).entries
     assert [e.publication for e in published] == [loaded.intent.publication]
     ack = await c.resume(req.key, "c1")
+    assert await store.load_commit(req.key, "c1") == Committed(ack)  # an ACK after the commit-mark
     assert await c.commit_send(req) == ack and ack.seq == 1
     assert len((await backend.outbox.read("", 10)).entries) == 1  # never republished
 
