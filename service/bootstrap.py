@@ -25,6 +25,8 @@ from service.domain.errors import StoreSchemaError, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
 from service.metrics import ServiceMetrics, instrument
+from service.relay import RelayRunner
+from service.relay_metrics import RelayMetrics
 from service.server import CommitServer
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,9 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
     if config.backend == "memory":
         from backends.memory import open_memory_backend
 
-        return open_memory_backend(settings=settings, clock=clock)
+        return open_memory_backend(
+            settings=settings, clock=clock, mailbox=config.mailbox_settings()
+        )
     if config.backend == "redis":
         from backends.redis import open_redis_backend
 
@@ -62,6 +66,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             settings=settings,
             max_connections=config.redis_max_connections,
             allow_eviction=config.redis_allow_eviction,
+            delivery=config.delivery_settings(),
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
@@ -78,6 +83,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             serial_consistency="LOCAL_SERIAL"
             if config.scylla_single_dc_conversations
             else "SERIAL",
+            delivery=config.delivery_settings(),
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 
@@ -115,6 +121,8 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             await backend.store.readiness()
             await backend.outbox.readiness()
+            if backend.delivery is not None:
+                await backend.delivery.readiness()
     except Exception as exc:
         await backend.close()
         hint = getattr(exc, "operator_hint", "")
@@ -148,7 +156,18 @@ def build_server(
         observer=metrics,
         recovery=config.recovery_policy(),
     )
-    return CommitServer(config, backend, committer, store, metrics, clock)
+    relay = None
+    if backend.delivery is not None and not backend.delivery.shared:
+        # Nothing of this backend is visible to another process: its relay runs here.
+        relay = RelayRunner(
+            backend,
+            policy=config.relay_policy(),
+            idle_wait_s=config.relay_idle_wait,
+            metrics=RelayMetrics(metrics.registry),
+            clock=clock,
+            faults=faults,
+        )
+    return CommitServer(config, backend, committer, store, metrics, clock, relay)
 
 
 GC_THRESHOLDS = (10_000, 10, 10)

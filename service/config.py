@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.domain.delivery import MailboxSettings
+from service.domain.delivery import DeliverySettings, MailboxSettings
 from service.domain.limits import CommitLimits
 from service.domain.ports import StoreSettings
 from service.domain.recovery import RecoveryPolicy
@@ -272,6 +272,13 @@ class ServiceConfig:
         return MailboxSettings(
             retention_ms=int(self.mailbox_retention * 1000),
             max_entries=self.mailbox_max_entries,
+        )
+
+    def delivery_settings(self) -> DeliverySettings:
+        return DeliverySettings(
+            mailbox=self.mailbox_settings(),
+            outbox_retention_ms=int(self.relay_outbox_retention * 1000),
+            settle_window_ms=int(self.relay_settle_window * 1000),
         )
 
     def recovery_policy(self) -> RecoveryPolicy:

@@ -40,6 +40,18 @@ class MailboxSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    """What a backend's delivery side is opened with."""
+
+    mailbox: MailboxSettings = MailboxSettings()
+    outbox_retention_ms: int = 86_400_000
+    """Delivered outbox entries are kept this long, then trimmed (Redis streams)."""
+    settle_window_ms: int = 10_000
+    """Scylla: entries younger than this are delivered but not yet acknowledged
+    (a writer with a slower clock may still add one before them)."""
+
+
+@dataclass(frozen=True, slots=True)
 class AppendRequest:
     """Items for one mailbox; they become one group (duplicates left out)."""
 
@@ -217,6 +229,7 @@ __all__ = [
     "AppendRequest",
     "ConversationIndex",
     "DeliveryPorts",
+    "DeliverySettings",
     "HistoryRecords",
     "MailboxSettings",
     "MailboxStore",

@@ -46,6 +46,7 @@ import pytest
 from backends.scylla import open_scylla_backend
 from backends.scylla.migrate import migrate
 from backends.scylla.session import CqlSession
+from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -207,6 +208,7 @@ class ScyllaHarness(Harness):
         clock: Clock | None,
         settings: StoreSettings | None,
         identity_form: IdentityForm,
+        delivery: DeliverySettings | None = None,
     ) -> Backend:
         return await open_scylla_backend(
             [self.host],
@@ -216,6 +218,7 @@ class ScyllaHarness(Harness):
             clock=clock,
             identity_form=identity_form,
             namespace=self.namespace,
+            delivery=delivery,
         )
 
 

@@ -43,6 +43,7 @@ from redis import Redis
 from backends.redis import open_link, open_redis_backend
 from backends.redis.deployment import initialise
 from backends.redis.keys import KeySpace
+from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -290,6 +291,7 @@ class RedisHarness(Harness):
         clock: Clock | None,
         settings: StoreSettings | None,
         identity_form: IdentityForm,
+        delivery: DeliverySettings | None = None,
     ) -> Backend:
         await self.initialise()
         return await open_redis_backend(
@@ -298,6 +300,7 @@ class RedisHarness(Harness):
             test_clock=clock,
             settings=settings,
             identity_form=identity_form,
+            delivery=delivery,
         )
 
     def delete_keys(self) -> int:
