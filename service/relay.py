@@ -285,6 +285,9 @@ class RelayRunner:
                 held = self._held.get(name)
                 if held is not None:
                     held.wake.set()
+            # A wait that returns at once (memory: entries not yet scanned) must
+            # still let the woken workers run, or this loop starves them.
+            await asyncio.sleep(0)
 
     def _crash(self, crash: InjectedCrash) -> None:
         self.crashed = crash
