@@ -56,6 +56,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",
     ),
+    "chat": ("client.chat", "a terminal chat on the client runtime (seed 001)"),
 }
 
 
