@@ -4,7 +4,6 @@ its relay inside), killed and restarted on a state that outlives it."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -19,18 +18,14 @@ from client import (
     ConnectionState,
     ConnectRequest,
     ConnectRequired,
-    CursorExpired,
     ExpiredCursor,
     GrpcConnector,
     InvalidArgument,
-    LocalStoreReset,
     MailboxCursor,
     MailboxPage,
     MemberPageRequest,
     MessagesAdded,
     Origin,
-    RebuildFinished,
-    RebuildStarted,
     SendConfirmed,
     SendMessage,
     open_local_store,
@@ -237,108 +232,6 @@ async def test_a_commit_the_server_could_not_finish_is_retried_with_the_same_id(
     [event] = await confirmed(alice, cmid)
     assert event.via == "ack" and event.message.seq == record.seq
     assert servers.store.faults.fired[("reserve", CallFault.FAIL)] == 1
-
-
-async def test_bob_offline_during_100_sends_syncs_them_exactly_once_in_order(
-    servers: MemoryServers, new_client: NewClient
-) -> None:
-    alice, bob = new_client("alice"), new_client("bob")
-    await bob.start()
-    await bob.online()
-    await bob.crash()
-    await alice.start()
-    await alice.online()
-    cmids = [await alice.send("general", f"message {i}", cmid=f"m-{i:03}") for i in range(100)]
-    await eventually(lambda: no_pending(alice), 60)
-    await bob.start()
-    await eventually(lambda: _count(bob, 100), 60)
-    stored = await bob.rt.store.messages("general", limit=1000)
-    assert [m.record.cmid for m in stored] == cmids
-    assert [m.seq for m in stored] == list(range(1, 101))
-    added = [m for e in bob.events if isinstance(e, MessagesAdded) for m in e.messages]
-    assert [m.record.cmid for m in added] == cmids  # reported once each, in order
-    assert len(await history(servers.target, "general", "bob")) == 100
-
-
-@pytest.mark.server(mailbox_max_entries=10)
-async def test_a_trimmed_mailbox_rebuilds_without_loss_or_duplicates_and_keeps_pending(
-    servers: MemoryServers, new_client: NewClient
-) -> None:
-    alice, bob = new_client("alice"), new_client("bob")
-    await alice.start()
-    await bob.start()
-    for i in range(5):
-        await alice.send("general", f"early {i}")
-    await eventually(lambda: _count(bob, 5))
-    bob.faults.arm(ClientPoint.AFTER_PERSIST)
-    with pytest.raises(ClientCrash):
-        await bob.send("side", "written while the mailbox is trimmed", cmid="bob-pending")
-    await bob.crash()
-    for i in range(30):
-        await alice.send("general" if i % 3 else "side", f"late {i}")
-    await eventually(lambda: no_pending(alice), 30)
-
-    await bob.start()
-    await eventually(lambda: no_pending(bob), 30)
-    await eventually(lambda: _all_of(servers, bob), 30)
-    kinds = [type(e) for e in bob.events]
-    assert kinds.index(RebuildStarted) > kinds.index(CursorExpired)
-    finished = kinds.index(RebuildFinished)
-    [pending_done] = await confirmed(bob, "bob-pending")
-    assert bob.events.index(pending_done) > finished  # kept through the rebuild, then sent
-    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
-    [record] = [r for r in await history(servers.target, "side", "bob") if r.sender == "bob"]
-    assert record.cmid == "bob-pending"
-
-
-async def _all_of(servers: MemoryServers, client: Client) -> bool:
-    """The client's store holds exactly the server's history of both conversations."""
-    for conversation in ("general", "side"):
-        server = await history(servers.target, conversation, client.user)
-        local = await client.rt.store.messages(conversation, limit=1000)
-        if [m.record for m in local] != server:
-            return False
-    return True
-
-
-@pytest.mark.parametrize("damage", ["newer", "failed-migration", "missing-column"])
-async def test_an_unusable_local_schema_resets_keeping_pending(
-    servers: MemoryServers, new_client: NewClient, damage: str
-) -> None:
-    alice, bob = new_client("alice"), new_client("bob")
-    await alice.start()
-    await bob.start()
-    for i in range(3):
-        await alice.send("general", f"before the damage {i}")
-    await eventually(lambda: _count(bob, 3))
-    bob.faults.arm(ClientPoint.AFTER_PERSIST)
-    with pytest.raises(ClientCrash):
-        await bob.send("general", "kept across the reset", cmid="bob-keep")
-    await bob.crash()
-    db = sqlite3.connect(bob.path)
-    if damage == "newer":
-        db.execute("PRAGMA user_version = 99")
-    elif damage == "failed-migration":  # a version-1 file whose messages lack a column
-        db.executescript(
-            "DROP TABLE rebuilds; DROP TABLE backfills; DROP INDEX messages_by_sender_cmid;"
-            "ALTER TABLE messages DROP COLUMN sender; PRAGMA user_version = 1;"
-        )
-    else:
-        db.execute("ALTER TABLE conversations DROP COLUMN listed")
-    db.close()
-
-    bob.events.clear()
-    await bob.start()
-    await eventually(lambda: _has(bob, LocalStoreReset))
-    [reset] = [e for e in bob.events if isinstance(e, LocalStoreReset)]
-    assert reset.kept_pending == 1 and not reset.lost_pending
-    assert bob.events[0] == reset
-    await eventually(lambda: no_pending(bob))
-    await eventually(lambda: _count(bob, 4))
-    server = await history(servers.target, "general", "bob")
-    assert [m.record for m in await bob.rt.store.messages("general")] == server
-    assert [r.cmid for r in server].count("bob-keep") == 1
-    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
 
 
 @pytest.mark.server(idempotency_window=0.5, history_retention=3600.0)
