@@ -76,6 +76,10 @@ class Supervisor:
                 reason = exc.reason
             except (CommitError, ClientRuntimeError) as exc:
                 reason = describe(exc)
+            except Exception as exc:  # a bug: keep the runtime alive, but say so loudly
+                rt.unexpected[type(exc).__name__] += 1
+                log.exception("client runtime: unexpected %s", type(exc).__name__)
+                reason = f"unexpected {type(exc).__name__}"
             finally:
                 rt.api = None
                 with contextlib.suppress(Exception):

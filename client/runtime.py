@@ -29,6 +29,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Literal, TypeVar
@@ -119,6 +120,8 @@ class ClientRuntime:
         self._apply_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         self.crash: ClientCrash | None = None
+        self.unexpected: Counter[str] = Counter()
+        """Exceptions the connection cycle did not expect (bugs), by class."""
         self._stopped = False
         self._backfilled = 0
 
@@ -178,19 +181,22 @@ class ClientRuntime:
     async def close(self) -> None:
         """Stop the cycle, close the connection and the store; events end with
         RuntimeStopped. Also the way to release a runtime that crashed."""
-        if self._supervisor is not None and self._supervisor is not asyncio.current_task():
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ClientCrash):
-                await self._supervisor
         self._stopped = True
-        if self.api is not None:
-            with contextlib.suppress(Exception):
-                await self.api.close()
-            self.api = None
-        await self.store.close()
-        if self._state is not ConnectionState.CLOSED:
-            self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
-        self._events.close()
+        try:
+            task = self._supervisor
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ClientCrash):
+                    await task
+            if self.api is not None:
+                with contextlib.suppress(Exception):
+                    await self.api.close()
+                self.api = None
+            await self.store.close()
+        finally:
+            if self._state is not ConnectionState.CLOSED:
+                self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
+            self._events.close()
 
     def _check_running(self) -> None:
         if self._stopped:

@@ -57,6 +57,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "run seeded fault-injection scenarios and check the invariants",
     ),
     "chat": ("client.chat", "a terminal chat on the client runtime (seed 001)"),
+    "client-campaign": (
+        "toolkit.client_campaign.cli",
+        "crash client runtimes at every fault point, with server kills; count lost and duplicated",
+    ),
 }
 
 
