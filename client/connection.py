@@ -89,11 +89,12 @@ class Supervisor:
 
     async def session(self, api: ServerApi) -> None:
         rebuilds = 0
+        lanes = await self.listed_lanes(api)
         while True:  # each turn: sync, reconcile, online until a CursorExpired
             self.rt.set_state(S.SYNCING)
             for _ in range(self.cfg.max_rebuilds_per_connection + 1):
                 try:
-                    await self.sync_all(api)
+                    await self.sync_all(api, lanes)
                     break
                 except _Expired as exc:
                     rebuilds += 1
@@ -107,9 +108,15 @@ class Supervisor:
 
     # --- sync and rebuild -------------------------------------------------------------
 
-    async def sync_all(self, api: ServerApi) -> None:
+    async def listed_lanes(self, api: ServerApi) -> list[str]:
+        """The lanes of the big conversations the user is in (ListConversations), so a
+        lane is synced from its first entry, before any hint names it."""
+        listed = await self.rt.list_conversations(api, self.account)
+        return [c.lane for c in listed if c.lane != INBOX]
+
+    async def sync_all(self, api: ServerApi, listed: list[str]) -> None:
         known = [c.lane for c in await self.rt.store.cursors()] + list(self.rt.expired)
-        for lane in pages.lanes_to_sync(known):
+        for lane in pages.lanes_to_sync(known + listed):
             await self.sync_lane(api, lane)
 
     async def sync_lane(self, api: ServerApi, lane: str) -> None:

@@ -331,7 +331,7 @@ class ClientRuntime:
             raise RebuildNotAllowed("begin_rebuild is entered only from CursorExpired")
         if api is None:
             raise Offline("a rebuild needs the server")
-        listed = await self._list_conversations(api, account)
+        listed = await self.list_conversations(api, account)
         targets = [c.conversation for c in listed if c.lane == expired.lane]
         floors = []
         for conversation in targets:
@@ -358,9 +358,10 @@ class ClientRuntime:
         self.emit(RebuildFinished(cursor, self._backfilled))
         self._backfilled = 0
 
-    async def _list_conversations(
+    async def list_conversations(
         self, api: ServerApi, account: ConnectRequest
     ) -> list[ConversationSummary]:
+        """The authoritative list of the account's conversations, every page."""
         listed: list[ConversationSummary] = []
         token = ""
         for _ in range(MAX_LIST_PAGES):

@@ -18,6 +18,7 @@ from client import (
     ConnectionState,
     ConnectRequest,
     ConnectRequired,
+    CursorExpired,
     ExpiredCursor,
     GrpcConnector,
     InvalidArgument,
@@ -26,6 +27,7 @@ from client import (
     MemberPageRequest,
     MessagesAdded,
     Origin,
+    RebuildStarted,
     SendConfirmed,
     SendMessage,
     open_local_store,
@@ -260,3 +262,33 @@ async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
     [event] = await confirmed(alice, "old-send")
     assert event.via == "history"
     assert [r.cmid for r in await history(servers.target, "general", "alice")] == ["old-send"]
+
+
+@pytest.mark.server(fanout_threshold=2, mailbox_max_entries=6)
+async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    async with await admin(servers.target) as c:
+        await c.create_conversation(TENANT, "big", ["alice", "bob", "carol"])
+    alice, bob = new_client("alice"), new_client("bob")
+    await alice.start()
+    for i in range(3):
+        await alice.send("big", f"to many {i}")
+    await eventually(lambda: no_pending(alice))
+    await bob.start()
+    await eventually(lambda: _count(bob, 3, "big"))
+    lanes = {c.lane for c in await bob.rt.store.cursors()}
+    assert "conversation:big" in lanes
+    await bob.crash()
+    for i in range(10):
+        await alice.send("big", f"while bob is away {i}")
+    await eventually(lambda: no_pending(alice))
+    await bob.start()
+    await eventually(lambda: _count(bob, 13, "big"), 30)
+    [expired] = [e for e in bob.events if isinstance(e, CursorExpired)]
+    assert expired.lane == "conversation:big"
+    [started] = [e for e in bob.events if isinstance(e, RebuildStarted)]
+    assert started.plan.conversations == ("big",)
+    local = [m.record for m in await bob.rt.store.messages("big", limit=100)]
+    assert local == await history(servers.target, "big", "bob")
+    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
