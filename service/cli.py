@@ -49,6 +49,7 @@ from service.domain.model import (
 PROG = "message-committer"
 
 DELEGATED: dict[str, tuple[str, str]] = {
+    "relay": ("service.relay_main", "deliver the outbox into mailboxes (Redis, Scylla)"),
     "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),

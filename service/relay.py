@@ -233,6 +233,8 @@ class RelayRunner:
                     await self._pause(min(result.wait_ms / 1000, self._idle_s))
                 elif not result.worked:
                     await self._idle(held)
+                else:
+                    await asyncio.sleep(0)  # a backend that never awaits must not starve the loop
         finally:
             if not held.active and self.crashed is None and work.lease.partition not in self._held:
                 with contextlib.suppress(StoreError):
@@ -271,7 +273,7 @@ class RelayRunner:
         if not partitions.has_doorbell:
             return
         while not self._stop.is_set():
-            idle = [name for name, h in self._held.items() if h.idle]
+            idle = [name for name, h in self._held.items() if h.idle and not h.wake.is_set()]
             if not idle:
                 self._became_idle.clear()
                 with contextlib.suppress(TimeoutError):
@@ -285,6 +287,7 @@ class RelayRunner:
                 held = self._held.get(name)
                 if held is not None:
                     held.wake.set()
+            await asyncio.sleep(0)  # let the woken partitions run before looking again
 
     def _crash(self, crash: InjectedCrash) -> None:
         self.crashed = crash
