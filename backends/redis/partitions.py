@@ -34,6 +34,7 @@ partitions (standalone and Sentinel; on a Cluster it polls).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, St
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
 GROUP = "relay"
+_ID_RE = re.compile(r"\d{1,20}-\d{1,20}")
 MAX_BLOCK_MS = 1000
 """A blocking wait stays well under the client's 2 s socket timeout."""
 
@@ -207,6 +209,32 @@ return {'ok', summary[2] or '', nxt[1] and nxt[1][1] or ''}
 """.replace("--@token", _TOKEN),
 )
 
+REQUEUE = script(
+    "relay_requeue",
+    """#!lua
+-- KEYS: id stream dlq    ARGV: dep shift letter...
+--@prologue
+local moved = 0
+for i = 3, #ARGV do
+  local found = redis.call('XRANGE', KEYS[3], ARGV[i], ARGV[i], 'COUNT', 1)
+  if found[1] then
+    local fields, keep = found[1][2], {}
+    for j = 1, #fields, 2 do
+      local f = fields[j]
+      if f == 't' or f == 'c' or f == 's' or f == 'm' or f == 'v' or f == 'r' then
+        keep[#keep + 1] = f
+        keep[#keep + 1] = fields[j + 1]
+      end
+    end
+    redis.call('XADD', KEYS[2], '*', unpack(keep))
+    redis.call('XDEL', KEYS[3], ARGV[i])
+    moved = moved + 1
+  end
+end
+return {'ok', moved}
+""",
+)
+
 RELAYS = script(
     "relay_announce",
     """#!lua
@@ -218,7 +246,7 @@ return {'ok', redis.call('ZCARD', KEYS[2])}
 """,
 )
 
-SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, RELAYS)
+SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, RELAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,14 +385,23 @@ class RedisOutboxPartitions(OutboxPartitions):
             raise StoreCorrupt("redis gave an unexpected reply")
         letters = []
         for item in raw[:limit]:
-            _, stored = item
+            letter, stored = item
             fields = codec.hash_reply(stored)
             entry = decode_entry(k.stream, [fields.get(b"o", b"0-0"), fields])
-            letters.append(
-                DeadLetter(entry, codec.to_str(fields.get(b"p")), codec.to_int(fields.get(b"a")))
-            )
+            problem, attempts = codec.to_str(fields.get(b"p")), codec.to_int(fields.get(b"a"))
+            letters.append(DeadLetter(entry, problem, attempts, codec.to_str(letter)))
         more = len(raw) > limit
         return letters, codec.to_str(raw[limit - 1][0]) if more and limit else ""
+
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        k = self._k(partition)
+        letters = [x for x in letters if _ID_RE.fullmatch(x)]  # others name no letter
+        if not letters:
+            return 0
+        word, rest = await self._calls.run(REQUEUE, [k.identity, k.stream, k.dead], list(letters))
+        if word != b"ok" or not rest:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return codec.to_int(rest[0])
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         word, rest = await self._calls.run(RELAYS, list(self._relays), [owner, ttl_ms])

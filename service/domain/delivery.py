@@ -161,6 +161,12 @@ class OutboxPartitions(abc.ABC):
         """Dead letters in order from the token ``after`` ("" = start), and the next token."""
 
     @abc.abstractmethod
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        """Move the named dead letters back into the partition as new pending
+        entries (an operator action; mailboxes dedupe what was delivered
+        already). Returns how many were moved."""
+
+    @abc.abstractmethod
     async def relays(self, owner: str, ttl_ms: int) -> int:
         """Announce ``owner`` as a live relay for ``ttl_ms``; the number of live relays."""
 

@@ -264,6 +264,15 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     assert "StoreUnavailable" in letter.problem
     await drain(backend, "relay-a", clock)  # a dead letter is never picked up again
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 1)]
+    parts = ports(backend).partitions
+    partition = ""
+    for name in parts.partitions():
+        if (await parts.dead_letters(name, "", 100))[0]:
+            partition = name
+    assert await parts.requeue(partition, [letter.letter, "no-such-letter"]) == 1
+    assert (await parts.dead_letters(partition, "", 100))[0] == []
+    await drain(backend, "relay-a", clock)  # the operator fixed the cause: delivered now
+    assert await inbox(backend, box(tenant, "bob")) == [("c1", 1), ("c1", 2)]
 
 
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:
