@@ -28,6 +28,7 @@ def test_the_stack(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == {
         "scylla",
         "migrate",
+        "migrate-redis",
         *SERVERS,
         "redis",
         *RELAYS,
@@ -53,7 +54,12 @@ def test_start_up_order(services: dict[str, dict[str, Any]]) -> None:
     server = services["committer-scylla"]["depends_on"]
     assert server["migrate"] == {"condition": "service_completed_successfully"}
     assert server["scylla"] == {"condition": "service_healthy"}
-    assert services["committer-redis"]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    assert services["committer-redis"]["depends_on"] == {
+        "redis": {"condition": "service_healthy"},
+        "migrate-redis": {"condition": "service_completed_successfully"},
+    }
+    assert services["migrate-redis"]["command"] == ["migrate", "--backend", "redis"]
+    assert services["migrate-redis"]["depends_on"] == {"redis": {"condition": "service_healthy"}}
     assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
 
 
