@@ -140,8 +140,7 @@ class RelayRunner:
         self.rounds += 1
         share = math.ceil(len(names) / max(1, live))
         order = sorted(names, key=lambda p: preference(self.owner, p))
-        for name in list(self._held):
-            await self._renew(name)
+        await asyncio.gather(*(self._renew(name) for name in list(self._held)))
         for name in reversed(order):
             if len(self._held) <= share:
                 break
@@ -158,8 +157,12 @@ class RelayRunner:
         await self._gauges(live)
 
     async def _renew(self, name: str) -> None:
-        held = self._held[name]
+        held = self._held.get(name)
+        if held is None:
+            return
         lease = await self._ports.partitions.acquire(name, self.owner, self._policy.lease_ms)
+        if self._held.get(name) is not held:  # its task let it go meanwhile
+            return
         if lease is not None and lease.token == held.work.lease.token:
             held.work.renewed(lease)
             return
@@ -193,11 +196,10 @@ class RelayRunner:
     async def _gauges(self, live: int) -> None:
         self._metrics.live_relays.set(live)
         self._metrics.partitions_held.set(len(self._held))
-        oldest: list[int] = []
-        for held in list(self._held.values()):
-            found = await self._ports.partitions.oldest_pending_ms(held.work.lease)
-            if found is not None:
-                oldest.append(found)
+        found = await asyncio.gather(
+            *(self._ports.partitions.oldest_pending_ms(h.work.lease) for h in self._held.values())
+        )
+        oldest = [ms for ms in found if ms is not None]
         age = self._clock.now_ms() - min(oldest) if oldest else 0
         self._metrics.lag.set(max(0, age) / 1000)
 
