@@ -56,6 +56,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
+    "bench-delivery": (
+        "toolkit.bench.delivery",
+        "measure commit-to-mailbox latency and fan-out throughput",
+    ),
     "fault-campaign": (
         "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",

@@ -39,6 +39,8 @@ from service.relay_metrics import RelayMetrics
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0
+IDLE_SAFETY_S = 5.0
+"""With a doorbell, an idle partition still looks for entries this often."""
 
 
 def new_owner() -> str:
@@ -257,6 +259,8 @@ class RelayRunner:
             await asyncio.wait_for(self._stop.wait(), max(0.0, seconds))
 
     async def _idle(self, held: _Held) -> None:
+        """Wait for the doorbell to name this partition (a safety look every
+        ``IDLE_SAFETY_S`` in case a ring was missed), or poll every ``idle_wait``."""
         if not self._ports.partitions.has_doorbell:
             await self._pause(self._idle_s)
             return
@@ -264,7 +268,7 @@ class RelayRunner:
         self._became_idle.set()
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.wake.wait(), self._idle_s)
+                await asyncio.wait_for(held.wake.wait(), max(self._idle_s, IDLE_SAFETY_S))
         finally:
             held.wake.clear()
             held.idle = False
@@ -282,10 +286,11 @@ class RelayRunner:
                     await asyncio.wait_for(self._became_idle.wait(), self._idle_s)
                 continue
             try:
-                await partitions.wait(idle, int(self._idle_s * 1000))
+                ready = await partitions.wait(idle, int(self._idle_s * 1000))
             except StoreError:
+                ready = idle
                 await self._pause(self._idle_s)
-            for name in idle:
+            for name in ready:
                 held = self._held.get(name)
                 if held is not None:
                     held.wake.set()

@@ -165,9 +165,10 @@ class MemoryOutboxPartitions(OutboxPartitions):
 
     has_doorbell = True
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        if any(self._state(name).scanned < len(self._outbox) for name in partitions):
-            return  # published since the last claim: no need to wait
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        ready = [name for name in partitions if self._has_new(name)]
+        if ready:
+            return ready  # published since the last claim: no need to wait
         event = asyncio.Event()
         self._delivery.waiters.add(event)
         try:
@@ -175,3 +176,10 @@ class MemoryOutboxPartitions(OutboxPartitions):
                 await asyncio.wait_for(event.wait(), timeout_ms / 1000)
         finally:
             self._delivery.waiters.discard(event)
+        return [name for name in partitions if self._has_new(name)]
+
+    def _has_new(self, partition: str) -> bool:
+        p = self._state(partition)
+        return any(
+            partition_of(e.tenant, e.conversation) == partition for e in self._outbox[p.scanned :]
+        )

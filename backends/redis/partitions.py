@@ -258,6 +258,15 @@ class PartitionKeys:
     dead: str
 
 
+def _stream_items(reply: Any) -> list[Any]:
+    """The stream names of an XREAD reply (a list of [name, entries] or a dict)."""
+    if isinstance(reply, dict):
+        return list(reply)
+    if isinstance(reply, list):
+        return [item[0] for item in reply if isinstance(item, list | tuple) and item]
+    return []
+
+
 def _fields(entry: Any) -> list[str]:
     """A dead letter keeps the entry's own fields (never a message body: there is none)."""
     e = entry
@@ -409,15 +418,25 @@ class RedisOutboxPartitions(OutboxPartitions):
             raise StoreCorrupt("redis gave an unexpected reply")
         return codec.to_int(rest[0])
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        streams = [self._k(p).stream for p in partitions if p in self._last]
-        if not streams:
-            return
-        ids = [self._last[p] for p in partitions if p in self._last]
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        """One blocking XREAD over the idle partitions' streams, from the last id
+        each one's claim saw: it returns at once when something is already there."""
+        known = [p for p in partitions if p in self._last]
+        fresh = [p for p in partitions if p not in self._last]
+        if fresh or not known:
+            return fresh  # never claimed here yet: claim first, that learns the id
+        streams = {self._k(p).stream: p for p in known}
         block = max(1, min(MAX_BLOCK_MS, timeout_ms))
-        await self._link.call(
-            "XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *streams, *ids, write=False
-        )
+        reply = await self._link.call(
+            "XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *streams,
+            *(self._last[p] for p in known), write=False,
+        )  # fmt: skip
+        ready = []
+        for item in _stream_items(reply):
+            name = streams.get(codec.to_str(item))
+            if name is not None:
+                ready.append(name)
+        return ready
 
     async def readiness(self) -> None:
         await self._link.call("PING", write=False)

@@ -173,11 +173,11 @@ class OutboxPartitions(abc.ABC):
     has_doorbell: bool = False
     """True when ``wait`` really waits for new entries (else the caller polls)."""
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        """Return when one of these partitions may have entries its last claim
-        did not see, or after ``timeout_ms``. Only with ``has_doorbell``; the
-        default returns at once."""
-        return None
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        """Wait until some of these partitions may have entries their last claim
+        did not see, at most ``timeout_ms``; return those partitions (none after
+        a timeout). Only with ``has_doorbell``; the default returns them all at once."""
+        return partitions
 
     async def readiness(self) -> None:
         return None
