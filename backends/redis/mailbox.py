@@ -93,7 +93,7 @@ local function retain(meta, entries, groups, ids, head, w, retention, max_entrie
   local cut = w
   for _, member in ipairs(ends) do
     local e, t = group_end(member)
-    if not (t <= now - retention or head - cut > max_entries) then break end
+    if not (t <= now - retention or (head - cut > max_entries and e < head)) then break end
     cut = e
   end
   return trim_to(meta, entries, groups, ids, w, cut)
