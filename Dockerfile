@@ -7,8 +7,9 @@
 #     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
 # Two stages. The builder resolves nothing: it installs exactly the hashed
-# wheels of requirements.lock (runtime dependencies only, from
-# `pip-compile --generate-hashes`; regenerate it as docs/operating.md says)
+# wheels of requirements.lock (runtime dependencies plus the otel and uvloop
+# extras, from `pip-compile --generate-hashes --extra otel --extra uvloop`;
+# regenerate it as docs/operating.md says)
 # into a pip-less virtualenv at /opt/venv, then adds the project's own wheel
 # without dependencies. The runtime stage copies only that virtualenv onto a
 # fresh slim image: no compiler, no pip cache, no source tree, no tests.

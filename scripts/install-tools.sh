@@ -4,6 +4,7 @@
 #   .tools/node_modules/.bin/buf       buf lint of protos/ (STANDARD rules)
 #   .tools/bin/grpcurl                 calls the service through reflection
 #   .tools/bin/grpc-health-probe       the Kubernetes-style health probe
+#   .tools/bin/ghz                     a gRPC load generator (scripts/big-groups-public-tools.sh)
 # Idempotent: a tool already there is left alone. Needs npm and go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 BUF_VERSION=${BUF_VERSION:-1.75.0}
 GRPCURL_VERSION=${GRPCURL_VERSION:-v1.9.4}
 HEALTH_PROBE_VERSION=${HEALTH_PROBE_VERSION:-v0.4.63}
+GHZ_VERSION=${GHZ_VERSION:-v0.93.0}
 
 mkdir -p .tools/bin
 # The folder ignores itself, so nothing installed here is ever committed.
@@ -31,7 +33,9 @@ go_tool() {  # name, module path, version
 }
 go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl "$GRPCURL_VERSION"
 go_tool grpc-health-probe github.com/grpc-ecosystem/grpc-health-probe "$HEALTH_PROBE_VERSION"
+go_tool ghz github.com/bojand/ghz/cmd/ghz "$GHZ_VERSION"
 
 .tools/node_modules/.bin/buf --version >/dev/null
 .tools/bin/grpcurl -version >/dev/null 2>&1
 .tools/bin/grpc-health-probe -version >/dev/null 2>&1
+.tools/bin/ghz --version >/dev/null 2>&1

@@ -24,10 +24,12 @@ from service.domain.committer import MessageCommitter
 from service.domain.errors import StoreSchemaError, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
+from service.eventloop import running_loop_name
 from service.metrics import ServiceMetrics, instrument
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
 from service.server import CommitServer
+from service.tracing import OFF, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             settings=settings,
             max_connections=config.redis_max_connections,
             allow_eviction=config.redis_allow_eviction,
+            wait_replicas=config.redis_wait_replicas,
+            wait_timeout_ms=int(config.redis_wait_timeout * 1000),
             delivery=config.delivery_settings(),
         )
     if config.backend == "scylla":
@@ -83,6 +87,8 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             serial_consistency="LOCAL_SERIAL"
             if config.scylla_single_dc_conversations
             else "SERIAL",
+            clock=clock,  # Scylla decides expiry by this clock, checked against the cluster
+            max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
             delivery=config.delivery_settings(),
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
@@ -108,10 +114,8 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
             backend = await _open(config, clock or SystemClock())
     except StartupError:
         raise
-    except StoreSchemaError:
-        raise ConfigError(
-            f"{where} has no schema of this version: run `message-committer migrate` first"
-        ) from None
+    except StoreSchemaError as exc:  # its texts are ours: they say what to run
+        raise ConfigError(f"{where} is not ready for this version: {exc}") from None
     except StoreUnavailable as exc:
         hint = f": {exc.operator_hint}" if exc.operator_hint else ""
         raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}{hint}") from None
@@ -140,12 +144,15 @@ def build_server(
     *,
     clock: Clock | None = None,
     faults: FaultPoints | None = None,
+    tracing: Tracing = OFF,
 ) -> CommitServer:
-    """Wire one replica: metrics, the instrumented store, the committer, the server."""
+    """Wire one replica: metrics, the instrumented (and, tracing on, traced) store,
+    the committer, the server."""
     clock = clock or SystemClock()
     metrics = ServiceMetrics()
     metrics.describe_backend(backend.name, backend.durable, backend.requests)
-    store = instrument(backend.store, metrics)
+    backend = tracing.wrap_backend(backend)
+    store = instrument(backend.store, metrics, tracing.store_span(backend.name))
     committer = MessageCommitter(
         store,
         backend.membership,
@@ -167,7 +174,16 @@ def build_server(
             clock=clock,
             faults=faults,
         )
-    return CommitServer(config, backend, committer, store, metrics, clock, relay)
+    return CommitServer(
+        config,
+        backend,
+        committer,
+        store,
+        metrics,
+        clock,
+        interceptors=tracing.server_interceptors(),
+        relay=relay,
+    )
 
 
 GC_THRESHOLDS = (10_000, 10, 10)
@@ -188,17 +204,25 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(config: ServiceConfig) -> int:
-    """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code."""
+async def serve(config: ServiceConfig, tracing: Tracing = OFF) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; returns the exit code.
+
+    ``tracing`` must be set up before (it instruments redis-py globally, so
+    before the backend opens its client); the caller flushes it afterwards."""
     clock = replica_clock(config)
     backend = await open_backend(config, clock)
-    server = build_server(config, backend, clock=clock)
+    server = build_server(config, backend, clock=clock, tracing=tracing)
     try:
         await server.start()
     except BaseException:
         await backend.close()
         raise
     tune_gc()
+    log.info(
+        "event loop %s, tracing %s",
+        running_loop_name(),
+        "on (OTLP)" if tracing.enabled else "off",
+    )
     log.info(
         "serving gRPC on %s (port %d, %s), HTTP on port %d",
         config.grpc_address.rpartition(":")[0],

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from service import config as service_config
+from service import eventloop, logformat
 from service.api.errors import RemoteError, rule_for
 from service.client import ClientTls, CommitClient, MembershipChange, QueuedIntent, RetryPolicy
 from service.config import StartupError, parse_duration
@@ -45,13 +46,20 @@ from service.domain.model import (
     MessageContent,
     MessageType,
 )
+from service.tracing import from_environment
 
 PROG = "message-committer"
 
 DELEGATED: dict[str, tuple[str, str]] = {
+    "relay": ("service.relay_main", "deliver the outbox into mailboxes (Redis, Scylla)"),
+    "relay-dead-letters": ("service.dead_letters", "list or requeue the relay's dead letters"),
     "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
+    "bench-delivery": (
+        "toolkit.bench.delivery",
+        "measure commit-to-mailbox latency and fan-out throughput",
+    ),
     "fault-campaign": (
         "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",
@@ -206,14 +214,14 @@ def _send_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    json_errors = (args.log_format or os.environ.get("MC_LOG_FORMAT", "")).strip() == "json"
     try:
         config = service_config.load(vars(args), os.environ)
+        tracing = from_environment(os.environ)  # before the backend opens: it patches redis-py
     except StartupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        return _startup_failed(exc, json_errors)
+    logformat.configure(
+        config.log_level, config.log_format, tracing.trace_ids if tracing.enabled else None
     )
     if config.log_level.upper() != "DEBUG":
         # The CQL driver logs node addresses (reconnects, refused connections);
@@ -222,10 +230,19 @@ def _serve(args: argparse.Namespace) -> int:
     from service.bootstrap import serve  # the composition root, only for serve
 
     try:
-        return asyncio.run(serve(config))
+        return eventloop.run(serve(config, tracing), config.event_loop)
     except StartupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _startup_failed(exc, config.log_format == "json")
+    finally:
+        tracing.shutdown()
+
+
+def _startup_failed(exc: StartupError, as_json: bool) -> int:
+    """One line on stderr naming the rule broken (JSON when the log is JSON)."""
+    text = f"{PROG}: {exc}"
+    line = logformat.json_line(logging.ERROR, "service.cli", text) if as_json else text
+    print(line, file=sys.stderr)
+    return exc.exit_code
 
 
 # --- client commands ----------------------------------------------------------------

@@ -32,6 +32,8 @@ from service.domain.recovery import RecoveryPolicy
 from service.domain.relay import RelayPolicy
 
 BACKENDS = ("memory", "redis", "scylla")
+LOG_FORMATS = ("text", "json")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 _LIMITS = CommitLimits()
 _DURATION = {"kind": "duration"}
 _SIGNED_DURATION = {"kind": "signed_duration"}
@@ -76,6 +78,14 @@ class ServiceConfig:
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
+    redis_wait_replicas: int = 0
+    """Replicas that must hold a commit before it is acknowledged (Redis WAIT); 0 acks
+    what the primary holds, which an asynchronous failover can lose."""
+
+    redis_wait_timeout: float = field(default=1.0, metadata=_DURATION)
+    """How long a commit waits for those replicas before it answers UNAVAILABLE
+    (recoverable: a retry of the same key waits again)."""
+
     redis_allow_eviction: bool = field(default=False, metadata=_BOOL)
     """Serve even when Redis's maxmemory-policy is not noeviction. Evicting Redis
     loses committed records and counters (a retried send then becomes a second
@@ -103,10 +113,11 @@ class ServiceConfig:
     """Consistency level of regular reads and writes."""
 
     scylla_single_dc_conversations: bool = field(default=False, metadata=_BOOL)
-    """Use LOCAL_SERIAL for conditional writes instead of SERIAL. Only safe when every
-    write of a conversation (every send and every retry, also after a failover) comes
-    from one data centre: a send retried in another DC could get a second seq and a
-    second ACK. Saves the cross-DC round trips of each Paxos phase."""
+    """Conditional writes use SERIAL (the default). True switches them to LOCAL_SERIAL,
+    which is only safe when every write of a conversation (every send and every retry,
+    also after a failover) comes from one data centre: a send retried in another DC
+    could get a second seq and a second ACK. Saves the cross-DC round trips of each
+    Paxos phase."""
 
     scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
     """Largest difference between this replica's clock and the cluster's that it
@@ -163,6 +174,14 @@ class ServiceConfig:
 
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
+
+    log_format: str = "text"
+    """text (one readable line per record, for a terminal) or json (one JSON object
+    per line: time, level, logger, message, and trace_id/span_id inside a traced call)."""
+
+    event_loop: str = "auto"
+    """auto (uvloop when it is installed, else asyncio), asyncio or uvloop (fails to
+    start when uvloop is not installed)."""
 
     max_inline_body_bytes: int = _LIMITS.max_inline_body_bytes
     """Largest inline message body; larger bodies go by reference."""
@@ -505,16 +524,20 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
     if logging.getLevelName(config.log_level.upper()) not in (10, 20, 30, 40):
         raise ConfigError("MC_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError("MC_LOG_FORMAT/--log-format must be text or json")
+    if config.event_loop not in EVENT_LOOPS:
+        raise ConfigError("MC_EVENT_LOOP/--event-loop must be auto, asyncio or uvloop")
     positive = (
         "idempotency_window", "history_retention", "max_message_bytes", "recovery_interval",
         "recovery_batch", "readiness_interval", "readiness_timeout", "max_inline_body_bytes",
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
         "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
         "recovery_first_retry", "recovery_max_retry", "recovery_quarantine_after",
-        "scylla_max_clock_skew", "fanout_threshold", "mailbox_retention", "mailbox_max_entries",
-        "subscribe_poll_interval", "relay_lease", "relay_batch", "relay_idle_wait",
-        "relay_max_attempts", "relay_first_retry", "relay_max_retry", "relay_settle_window",
-        "relay_outbox_retention",
+        "scylla_max_clock_skew", "redis_wait_timeout", "fanout_threshold", "mailbox_retention",
+        "mailbox_max_entries", "subscribe_poll_interval", "relay_lease", "relay_batch",
+        "relay_idle_wait", "relay_max_attempts", "relay_first_retry", "relay_max_retry",
+        "relay_settle_window", "relay_outbox_retention",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
@@ -535,6 +558,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (
         "max_concurrent_rpcs",
+        "redis_wait_replicas",
         "recovery_grace",
         "shutdown_grace",
         "max_mentions",

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter as _Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from types import TracebackType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -193,12 +195,20 @@ class BackendRequestsCollector(Collector):
         return []
 
 
-class InstrumentedStore(MessageStore):
-    """A MessageStore that times every call of the store it wraps."""
+StepSpan = Callable[[str], AbstractContextManager[object]]
+"""Opens the trace span of one store call (``service.tracing``); None when tracing is off."""
 
-    def __init__(self, inner: MessageStore, seconds: Histogram) -> None:
+
+class InstrumentedStore(MessageStore):
+    """A MessageStore that times every call of the store it wraps, and (tracing
+    on) makes each call a span."""
+
+    def __init__(
+        self, inner: MessageStore, seconds: Histogram, step_span: StepSpan | None = None
+    ) -> None:
         self._inner = inner
         self._seconds = seconds
+        self._step_span = step_span
         self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
         self.atomic_publish_commit = inner.atomic_publish_commit
 
@@ -206,7 +216,8 @@ class InstrumentedStore(MessageStore):
         child = self._children.get(operation)
         if child is None:
             child = self._children[operation] = self._seconds.labels(operation)
-        return _Timer(child)
+        span = self._step_span
+        return _Timer(child, None if span is None else span(operation))
 
     async def reserve(
         self,
@@ -291,22 +302,35 @@ class InstrumentedStore(MessageStore):
         await self._inner.close()
 
 
-def instrument(store: MessageStore, metrics: ServiceMetrics) -> InstrumentedStore:
-    """Wrap ``store`` so every call is timed."""
-    return InstrumentedStore(store, metrics.backend_seconds)
+def instrument(
+    store: MessageStore, metrics: ServiceMetrics, step_span: StepSpan | None = None
+) -> InstrumentedStore:
+    """Wrap ``store`` so every call is timed (and traced, with ``step_span``)."""
+    return InstrumentedStore(store, metrics.backend_seconds, step_span)
 
 
 class _Timer:
-    """Observes the wall time of a ``with`` block, exceptions included."""
+    """Observes the wall time of a ``with`` block, exceptions included, inside
+    ``span`` when there is one."""
 
-    __slots__ = ("_child", "_start")
+    __slots__ = ("_child", "_span", "_start")
 
-    def __init__(self, child: Histogram) -> None:
+    def __init__(self, child: Histogram, span: AbstractContextManager[object] | None) -> None:
         self._child = child
+        self._span = span
         self._start = 0.0
 
     def __enter__(self) -> None:
+        if self._span is not None:
+            self._span.__enter__()
         self._start = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._child.observe(time.perf_counter() - self._start)
+        if self._span is not None:
+            self._span.__exit__(kind, exc, tb)

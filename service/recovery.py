@@ -99,6 +99,16 @@ class RecoveryLoop:
         self._metrics.oldest_recoverable_age.set(age_ms / 1000)
         self._metrics.quarantined.set(stats.quarantined)
 
+    async def watch_queue(self, stop: asyncio.Event, interval_s: float) -> None:
+        """Refresh the queue gauges every ``interval_s`` until ``stop`` (between
+        recovery runs too; separate from readiness, which never depends on it)."""
+        while not stop.is_set():
+            await self.update_gauges()
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except TimeoutError:
+                continue
+
     def next_delay(self) -> float:
         return self._interval_s * self._rng.uniform(1 - JITTER, 1 + JITTER)
 

@@ -39,6 +39,8 @@ from service.relay_metrics import RelayMetrics
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0
+IDLE_SAFETY_S = 5.0
+"""With a doorbell, an idle partition still looks for entries this often."""
 
 
 def new_owner() -> str:
@@ -140,8 +142,7 @@ class RelayRunner:
         self.rounds += 1
         share = math.ceil(len(names) / max(1, live))
         order = sorted(names, key=lambda p: preference(self.owner, p))
-        for name in list(self._held):
-            await self._renew(name)
+        await asyncio.gather(*(self._renew(name) for name in list(self._held)))
         for name in reversed(order):
             if len(self._held) <= share:
                 break
@@ -158,8 +159,12 @@ class RelayRunner:
         await self._gauges(live)
 
     async def _renew(self, name: str) -> None:
-        held = self._held[name]
+        held = self._held.get(name)
+        if held is None:
+            return
         lease = await self._ports.partitions.acquire(name, self.owner, self._policy.lease_ms)
+        if self._held.get(name) is not held:  # its task let it go meanwhile
+            return
         if lease is not None and lease.token == held.work.lease.token:
             held.work.renewed(lease)
             return
@@ -193,11 +198,10 @@ class RelayRunner:
     async def _gauges(self, live: int) -> None:
         self._metrics.live_relays.set(live)
         self._metrics.partitions_held.set(len(self._held))
-        oldest: list[int] = []
-        for held in list(self._held.values()):
-            found = await self._ports.partitions.oldest_pending_ms(held.work.lease)
-            if found is not None:
-                oldest.append(found)
+        found = await asyncio.gather(
+            *(self._ports.partitions.oldest_pending_ms(h.work.lease) for h in self._held.values())
+        )
+        oldest = [ms for ms in found if ms is not None]
         age = self._clock.now_ms() - min(oldest) if oldest else 0
         self._metrics.lag.set(max(0, age) / 1000)
 
@@ -233,6 +237,8 @@ class RelayRunner:
                     await self._pause(min(result.wait_ms / 1000, self._idle_s))
                 elif not result.worked:
                     await self._idle(held)
+                else:
+                    await asyncio.sleep(0)  # a backend that never awaits must not starve the loop
         finally:
             if not held.active and self.crashed is None and work.lease.partition not in self._held:
                 with contextlib.suppress(StoreError):
@@ -253,6 +259,8 @@ class RelayRunner:
             await asyncio.wait_for(self._stop.wait(), max(0.0, seconds))
 
     async def _idle(self, held: _Held) -> None:
+        """Wait for the doorbell to name this partition (a safety look every
+        ``IDLE_SAFETY_S`` in case a ring was missed), or poll every ``idle_wait``."""
         if not self._ports.partitions.has_doorbell:
             await self._pause(self._idle_s)
             return
@@ -260,7 +268,7 @@ class RelayRunner:
         self._became_idle.set()
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.wake.wait(), self._idle_s)
+                await asyncio.wait_for(held.wake.wait(), max(self._idle_s, IDLE_SAFETY_S))
         finally:
             held.wake.clear()
             held.idle = False
@@ -271,23 +279,22 @@ class RelayRunner:
         if not partitions.has_doorbell:
             return
         while not self._stop.is_set():
-            idle = [name for name, h in self._held.items() if h.idle]
+            idle = [name for name, h in self._held.items() if h.idle and not h.wake.is_set()]
             if not idle:
                 self._became_idle.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._became_idle.wait(), self._idle_s)
                 continue
             try:
-                await partitions.wait(idle, int(self._idle_s * 1000))
+                ready = await partitions.wait(idle, int(self._idle_s * 1000))
             except StoreError:
+                ready = idle
                 await self._pause(self._idle_s)
-            for name in idle:
+            for name in ready:
                 held = self._held.get(name)
                 if held is not None:
                     held.wake.set()
-            # A wait that returns at once (memory: entries not yet scanned) must
-            # still let the woken workers run, or this loop starves them.
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # let the woken partitions run before looking again
 
     def _crash(self, crash: InjectedCrash) -> None:
         self.crashed = crash

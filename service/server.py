@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 from grpc import aio
@@ -75,8 +76,12 @@ class CommitServer:
         store: InstrumentedStore,
         metrics: ServiceMetrics,
         clock: Clock,
+        *,
+        interceptors: Sequence[aio.ServerInterceptor] = (),
         relay: RelayRunner | None = None,
     ) -> None:
+        """``interceptors`` run outside the StatusInterceptor (tracing's server span);
+        ``relay`` runs inside this server (the memory backend's)."""
         if backend.delivery is None:
             raise ValueError("a server needs its backend's delivery side")
         self.config = config
@@ -106,7 +111,7 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[StatusInterceptor(metrics, config.max_message_bytes)],
+            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
             options=[
                 # The transport refuses only requests over twice the limit; between
                 # the two, the interceptor answers from the error table, with ErrorInfo.
@@ -179,6 +184,10 @@ class CommitServer:
         self._loops = [
             asyncio.create_task(self.probe.run(self._stop_loops), name="readiness-probe"),
             asyncio.create_task(self.recovery.run(self._stop_loops), name="recovery-loop"),
+            asyncio.create_task(
+                self.recovery.watch_queue(self._stop_loops, self.config.readiness_interval),
+                name="recovery-gauges",
+            ),
         ]
         if self.relay is not None:
             self._loops.append(asyncio.create_task(self._run_relay(), name="relay"))

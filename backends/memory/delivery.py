@@ -69,7 +69,9 @@ class PartitionState:
     sending: dict[str, int] = field(default_factory=dict)
     """Position -> the token it was claimed under, in claim order (sending or retryable)."""
     retry: dict[str, RetryMark] = field(default_factory=dict)
-    dead: list[DeadLetter] = field(default_factory=list)
+    dead: dict[str, DeadLetter] = field(default_factory=dict)
+    """Dead letters by their id (a counter, in order)."""
+    letters: int = 0
 
 
 @dataclass

@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 
 from backends.memory.delivery import DeliveryState, PartitionState
 from backends.memory.state import MemoryState
 from service.domain.delivery import OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreInvalid
-from service.domain.model import OutboxEntry
+from service.domain.model import OutboxEntry, OutboxPublication
 from service.domain.ports import Clock
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
@@ -116,7 +117,9 @@ class MemoryOutboxPartitions(OutboxPartitions):
             position = dead.entry.publication.position
             del p.sending[position]
             p.retry.pop(position, None)
-            p.dead.append(dead)
+            p.letters += 1
+            letter = f"{p.letters:012d}"
+            p.dead[letter] = replace(dead, letter=letter)
 
     async def oldest_pending_ms(self, lease: Lease) -> int | None:
         p = self._state(lease.partition)
@@ -131,9 +134,25 @@ class MemoryOutboxPartitions(OutboxPartitions):
         self, partition: str, after: str, limit: int
     ) -> tuple[list[DeadLetter], str]:
         dead = self._state(partition).dead
-        start = int(after) if after.isdigit() else 0
-        page = dead[start : start + limit]
-        return page, str(start + len(page)) if start + len(page) < len(dead) else ""
+        ids = sorted(i for i in dead if i > after)
+        page = [dead[i] for i in ids[:limit]]
+        return page, page[-1].letter if len(ids) > limit else ""
+
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        p = self._state(partition)
+        moved = 0
+        for letter in letters:
+            dead = p.dead.pop(letter, None)
+            if dead is None:
+                continue
+            position = OutboxPublication(dead.entry.publication.stream, str(len(self._outbox) + 1))
+            self._outbox.append(
+                replace(dead.entry, publication=position, published_ms=self._clock.now_ms())
+            )
+            moved += 1
+        if moved:
+            self._delivery.ring()
+        return moved
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         now = self._clock.now_ms()
@@ -146,9 +165,10 @@ class MemoryOutboxPartitions(OutboxPartitions):
 
     has_doorbell = True
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        if any(self._state(name).scanned < len(self._outbox) for name in partitions):
-            return  # published since the last claim: no need to wait
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        ready = [name for name in partitions if self._has_new(name)]
+        if ready:
+            return ready  # published since the last claim: no need to wait
         event = asyncio.Event()
         self._delivery.waiters.add(event)
         try:
@@ -156,3 +176,10 @@ class MemoryOutboxPartitions(OutboxPartitions):
                 await asyncio.wait_for(event.wait(), timeout_ms / 1000)
         finally:
             self._delivery.waiters.discard(event)
+        return [name for name in partitions if self._has_new(name)]
+
+    def _has_new(self, partition: str) -> bool:
+        p = self._state(partition)
+        return any(
+            partition_of(e.tenant, e.conversation) == partition for e in self._outbox[p.scanned :]
+        )

@@ -288,7 +288,7 @@ class MemoryMessageStore(MessageStore):
 
     async def recovery_stats(self) -> RecoveryStats:
         queue = self.state.queue.values()
-        oldest = min((e.created_at_ms for e in queue), default=None)
+        oldest = min((e.created_at_ms for e in queue if not e.quarantined), default=None)
         return RecoveryStats(oldest, sum(1 for e in queue if e.quarantined))
 
     # --- history and readiness ---------------------------------------------------

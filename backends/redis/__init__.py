@@ -37,7 +37,7 @@ from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
 from service.domain.delivery import DeliverySettings
-from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
+from service.domain.errors import StoreError, StoreInvalid, StoreSchemaError, StoreUnavailable
 from service.domain.ports import Backend, Clock, StoreSettings
 
 __all__ = ["SCRIPTS", "open_link", "open_redis_backend"]
@@ -78,6 +78,8 @@ async def open_redis_backend(
     connect_timeout_s: float = 1.0,
     max_connections: int = 128,
     allow_eviction: bool = False,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
     test_clock: Clock | None = None,
     delivery: DeliverySettings | None = None,
 ) -> Backend:
@@ -114,6 +116,9 @@ async def open_redis_backend(
         ):
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
+    if wait_replicas and link.cluster:
+        await link.close()
+        raise StoreInvalid("redis: waiting for replicas is not supported on a Redis Cluster")
     calls = CommitCalls(link, keys, deployment.identity, test_clock)
     try:
         ports = await delivery_side(calls, delivery or DeliverySettings())
@@ -121,7 +126,13 @@ async def open_redis_backend(
         await link.close()
         raise
     store = RedisMessageStore(
-        calls, (settings or StoreSettings()).validate(), identity_form, allow_eviction, SCRIPTS
+        calls,
+        (settings or StoreSettings()).validate(),
+        identity_form,
+        allow_eviction,
+        SCRIPTS,
+        wait_replicas,
+        wait_timeout_ms,
     )
     backend = Backend(
         name="redis",

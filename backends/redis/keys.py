@@ -47,6 +47,8 @@ key (in shard n)            type     what
 ``P:{n}:ra``                hash     member -> ``attempts|last problem``
 ``P:{n}:rz``                zset     quarantined members (score 0, id order)
 ``P:{n}:ob``                stream   outbox partition n
+``P:{n}:wb``                string   a counter written before WAIT, when ACKs wait
+                                     for replicas (``MC_REDIS_WAIT_REPLICAS``)
 ``P:meta``                  hash     ``schema`` 2, ``deployment``, ``shards``,
                                      ``created_ms``
 ==========================  =======  ==============================================
@@ -96,6 +98,7 @@ class ShardKeys:
     attempts: str
     quarantine: str
     outbox: str
+    barrier: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,14 @@ class KeySpace:
     def _shard(self, n: int) -> ShardKeys:
         base = f"{self.prefix}:{{{n}}}"
         return ShardKeys(
-            n, f"{base}:id", f"{base}:rq", f"{base}:rc", f"{base}:ra", f"{base}:rz", f"{base}:ob"
+            n,
+            f"{base}:id",
+            f"{base}:rq",
+            f"{base}:rc",
+            f"{base}:ra",
+            f"{base}:rz",
+            f"{base}:ob",
+            f"{base}:wb",
         )
 
     def all_shards(self) -> list[ShardKeys]:

@@ -109,8 +109,7 @@ def parse_url(url: str) -> Address:
     base, _, mode = scheme.partition("+")
     if base not in ("redis", "rediss") or mode not in ("sentinel", "cluster"):
         raise StoreUnavailable(
-            "the redis address must start redis://, rediss://, redis+sentinel:// or"
-            " redis+cluster://"
+            "the redis address must use the scheme redis, rediss, redis+sentinel or redis+cluster"
         )
     netloc = parts.netloc.rpartition("@")
     credentials, hostlist = netloc[0], netloc[2]
@@ -181,6 +180,7 @@ def connect(
             client = sentinel.master_for(
                 address.master, db=address.db, max_connections=max_connections, **auth, **common
             )
+            client.mc_sentinels = list(sentinel.sentinels)  # closed with the link
             return client, "sentinel"
         nodes = [ClusterNode(host, port) for host, port in address.hosts]
         make_cluster = cast(Callable[..., Any], RedisCluster)
@@ -212,12 +212,22 @@ class RedisLink:
             raise translate(exc, write=write) from None
 
     async def every_primary(self, *args: Arg) -> list[Any]:
-        """A command for every server (a Cluster's primaries; else the one server)."""
+        """A command for every server (a Cluster's primaries; else the one server):
+        ``SCRIPT LOAD``, ``SCRIPT EXISTS`` (answers merged: loaded everywhere) or
+        ``INFO section`` (one answer per server)."""
         self.requests[CALL] += 1
         try:
             if not self.cluster:
                 return [await self._execute(*args)]
-            replies = await self._execute(*args, target_nodes=RedisCluster.PRIMARIES)
+            command = " ".join(str(a) for a in args[:2]).upper()
+            if command == "SCRIPT LOAD":
+                replies = await self.client.script_load(args[2])
+            elif command == "SCRIPT EXISTS":
+                return [await self.client.script_exists(*args[2:])]
+            elif args and str(args[0]).upper() == "INFO":
+                replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
+            else:
+                raise StoreInvalid("this command is not sent to every server")
         except rx.RedisError as exc:
             raise translate(exc, write=False) from None
         return list(replies.values()) if isinstance(replies, dict) else [replies]
@@ -282,6 +292,46 @@ class RedisLink:
                 cast(Callable[..., object], pipe.execute_command)(*command)
             return list(await pipe.execute())
 
+    async def script_and_wait(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
+    ) -> tuple[Any, int]:
+        """EVALSHA then WAIT on the same connection, in one round trip: the reply and
+        how many replicas acknowledged the script's writes (and everything before
+        them in the replication stream)."""
+        for attempt in range(2):
+            self.requests[CALL] += 1
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    cast(Callable[..., object], pipe.execute_command)(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+                    cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                    reply, acked = await pipe.execute()
+            except rx.NoScriptError:
+                if attempt:
+                    raise StoreUnavailable("redis lost the backend's scripts") from None
+                await self.load_scripts([script])
+                continue
+            except rx.RedisError as exc:
+                raise translate(exc, write=True) from None
+            if isinstance(reply, list) and reply and reply[0] == b"wiped":
+                raise StoreWiped("redis: this shard does not hold the deployment's data")
+            return reply, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def replication_barrier(self, key: str, replicas: int, wait_ms: int) -> int:
+        """A one-key write then WAIT on the same connection: when enough replicas
+        acknowledge it, they hold everything written before it too. Returns the count."""
+        self.requests[CALL] += 1
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                cast(Callable[..., object], pipe.execute_command)("INCR", key)
+                cast(Callable[..., object], pipe.execute_command)("WAIT", replicas, wait_ms)
+                _, acked = await pipe.execute()
+        except rx.RedisError as exc:
+            raise translate(exc, write=True) from None
+        return int(acked)
+
     async def load_scripts(self, scripts: Sequence[Script]) -> None:
         """SCRIPT LOAD every script on every server; fail if one is refused."""
         for script in scripts:
@@ -308,6 +358,8 @@ class RedisLink:
                 await self.client.aclose()
             else:
                 await self.client.aclose(close_connection_pool=True)
+            for sentinel in getattr(self.client, "mc_sentinels", ()):
+                await sentinel.aclose(close_connection_pool=True)
 
 
 def _text(reply: object) -> str:

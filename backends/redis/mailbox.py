@@ -8,8 +8,9 @@ is ``P:{n}`` and ``M`` the encoded ``T:k:O``:
 key                    type     what
 =====================  =======  ===================================================
 ``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``w`` trim
-                                watermark, ``f:<partition>`` the newest fencing
-                                token seen from each outbox partition
+                                watermark, ``t`` append time of the oldest kept
+                                group, ``f:<partition>`` the newest fencing token
+                                seen from each outbox partition
 ``B:me:M``             zset     entries: score seq, member ``<seq>:<group>:
                                 <appended ms>:<conversation seq>:<enc conversation>:
                                 <enc message id>:<record json>`` (the Redis codec's
@@ -19,11 +20,14 @@ key                    type     what
 ``B:mi:M``             hash     encoded message id -> seq (the dedupe)
 =====================  =======  ===================================================
 
-``APPEND`` checks the fence first (an older token than one seen: refused,
-nothing written), then dedupes, allocates seqs and writes the group, then
-applies retention (``service.domain.mailbox.trim_cut``, mirrored in Lua) at
-group boundaries. Appends of one relay step are pipelined: one round trip
-per server for any number of mailboxes. Retention runs when a lane is
+``APPEND`` handles the mailboxes of one shard in one script call (each one
+all or nothing): it checks the fence first (an older token than one seen:
+refused, nothing written to that mailbox), then dedupes, allocates seqs and
+writes the group, then applies retention (``service.domain.mailbox.trim_cut``,
+mirrored in Lua) at group boundaries. A record going to many mailboxes is
+sent once per call, and the calls of one relay step are pipelined: a
+1,000-member fan-out is about one script call per shard, in one round trip.
+Retention runs when a lane is
 written to; an idle lane keeps its entries until its next append.
 """
 
@@ -49,7 +53,10 @@ from service.domain.relay import Fence
 
 TRIM_BATCH = 20
 """Most groups one append trims; a backlog is worked off by later appends."""
-PIPELINE_CHUNK = 200
+PIPELINE_CHUNK = 128
+PER_CALL = 100
+"""Most mailboxes one script call appends to (all in one shard)."""
+KEY_CACHE = 100_000
 
 _RETAIN = """
 local function group_end(member)
@@ -66,16 +73,27 @@ local function trim_to(meta, entries, groups, ids, w, cut)
   end
   redis.call('ZREMRANGEBYSCORE', entries, '-inf', cut)
   redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
-  redis.call('HSET', meta, 'w', cut)
+  local oldest = redis.call('ZRANGE', groups, 0, 0)
+  if oldest[1] then
+    local _, first = group_end(oldest[1])
+    redis.call('HSET', meta, 'w', cut, 't', first)
+  else
+    redis.call('HSET', meta, 'w', cut)
+    redis.call('HDEL', meta, 't')
+  end
   return cut
 end
--- service.domain.mailbox.trim_cut: too old or too many, whole groups.
+-- service.domain.mailbox.trim_cut: too old or too many, whole groups. ``t`` in the
+-- meta is the oldest kept group's append time, so a lane with nothing to trim
+-- costs no group read.
 local function retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  local first = tonumber(redis.call('HGET', meta, 't') or '-1')
+  if head - w <= max_entries and (first < 0 or first > now - retention) then return w end
   local ends = redis.call('ZRANGE', groups, '(' .. w, '+inf', 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
   local cut = w
   for _, member in ipairs(ends) do
     local e, t = group_end(member)
-    if not (t <= now - retention or head - cut > max_entries) then break end
+    if not (t <= now - retention or (head - cut > max_entries and e < head)) then break end
     cut = e
   end
   return trim_to(meta, entries, groups, ids, w, cut)
@@ -85,42 +103,56 @@ end
 APPEND = script(
     "mailbox_append",
     """#!lua
--- KEYS: id meta entries groups ids
--- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n
+-- Appends to several mailboxes of one shard, each one all or nothing.
+-- KEYS: id, then (meta entries groups ids) per mailbox
+-- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n,
+--       then per mailbox: count, record numbers (1-based)...
 --@prologue
 --@retain
-local meta, entries, groups, ids = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local fence_field = 'f:' .. ARGV[3]
 local token = tonumber(ARGV[4])
-local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
-if seen > token then return {'fenced', seen} end
-local m = redis.call('HMGET', meta, 'e', 'h', 'w')
-local head, w = tonumber(m[2] or '0'), tonumber(m[3] or '0')
-if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
-if seen < token then redis.call('HSET', meta, fence_field, token) end
-local group, added, dups, fresh = head + 1, 0, 0, {}
-for i = 0, tonumber(ARGV[7]) - 1 do
-  local b = 8 + i * 4
-  local mid = ARGV[b]
-  if fresh[mid] or redis.call('HEXISTS', ids, mid) == 1 then
-    dups = dups + 1
-  else
-    fresh[mid] = true
-    head = head + 1
-    redis.call('ZADD', entries, head, head .. ':' .. group .. ':' .. now .. ':' .. ARGV[b + 1]
-      .. ':' .. ARGV[b + 2] .. ':' .. mid .. ':' .. ARGV[b + 3])
-    redis.call('HSET', ids, mid, head)
-    added = added + 1
+local fence_field = 'f:' .. ARGV[3]
+local retention, max_entries = tonumber(ARGV[5]), tonumber(ARGV[6])
+local function append_one(meta, entries, groups, ids, picks)
+  local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
+  if seen > token then return {'fenced', 0, 0, 0} end
+  local m = redis.call('HMGET', meta, 'e', 'h', 'w')
+  local head, w = tonumber(m[2] or '0'), tonumber(m[3] or '0')
+  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
+  if seen < token then redis.call('HSET', meta, fence_field, token) end
+  local group, added, dups, fresh = head + 1, 0, 0, {}
+  for _, b in ipairs(picks) do
+    local mid = ARGV[b]
+    if fresh[mid] or redis.call('HEXISTS', ids, mid) == 1 then
+      dups = dups + 1
+    else
+      fresh[mid] = true
+      head = head + 1
+      redis.call('ZADD', entries, head, head .. ':' .. group .. ':' .. now .. ':' .. ARGV[b + 1]
+        .. ':' .. ARGV[b + 2] .. ':' .. mid .. ':' .. ARGV[b + 3])
+      redis.call('HSET', ids, mid, head)
+      added = added + 1
+    end
   end
+  if added > 0 then
+    redis.call('HSET', meta, 'h', head)
+    redis.call('HSETNX', meta, 't', now)
+    redis.call('ZADD', groups, head, head .. ':' .. now)
+  else
+    group = 0
+  end
+  retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  return {'ok', added, dups, group}
 end
-if added > 0 then
-  redis.call('HSET', meta, 'h', head)
-  redis.call('ZADD', groups, head, head .. ':' .. now)
-else
-  group = 0
+local n = tonumber(ARGV[7])
+local pos = 8 + n * 4
+local out = {}
+for k = 2, #KEYS, 4 do
+  local count, picks = tonumber(ARGV[pos]), {}
+  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + c]) - 1) * 4 end
+  pos = pos + count + 1
+  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], picks)
 end
-retain(meta, entries, groups, ids, head, w, tonumber(ARGV[5]), tonumber(ARGV[6]))
-return {'ok', added, dups, group}
+return out
 """.replace("--@retain", _RETAIN),
 )
 
@@ -174,6 +206,7 @@ NEW_EPOCH = script(
 local epoch = tonumber(redis.call('HGET', KEYS[2], 'e') or '1') + 1
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
+redis.call('HDEL', KEYS[2], 't')
 return {'ok', epoch, 0, 0}
 """,
 )
@@ -189,6 +222,7 @@ class MailboxKeys:
         shard = ks.shard_of(mailbox.tenant, mailbox.kind.value, mailbox.owner)
         base = f"{ks.prefix}:{{{shard.number}}}"
         m = f"{enc(mailbox.tenant)}:{mailbox.kind.value}:{enc(mailbox.owner)}"
+        self.shard = shard.number
         self.identity = shard.identity
         self.meta = f"{base}:mb:{m}"
         self.entries = f"{base}:me:{m}"
@@ -196,7 +230,20 @@ class MailboxKeys:
         self.ids = f"{base}:mi:{m}"
 
     def all(self) -> list[str]:
-        return [self.identity, self.meta, self.entries, self.groups, self.ids]
+        return [self.identity, *self.lane()]
+
+    def lane(self) -> list[str]:
+        return [self.meta, self.entries, self.groups, self.ids]
+
+
+def _outcome(reply: Any) -> AppendOutcome:
+    word, rest = status(reply)
+    if word == b"fenced":
+        return AppendOutcome(fenced=True)
+    if word != b"ok" or len(rest) != 3:
+        raise StoreCorrupt("redis gave an unexpected reply")
+    added, dups, group = (codec.to_int(v) for v in rest)
+    return AppendOutcome(added, dups, group)
 
 
 def _state(rest: list[Any]) -> LaneState:
@@ -219,37 +266,69 @@ class RedisMailboxStore(MailboxStore):
     def __init__(self, calls: CommitCalls, settings: MailboxSettings) -> None:
         self._calls = calls
         self._settings = settings.validate()
+        self._key_cache: dict[Mailbox, MailboxKeys] = {}
 
     def _keys(self, mailbox: Mailbox) -> MailboxKeys:
-        return MailboxKeys(self._calls, mailbox)
+        found = self._key_cache.get(mailbox)
+        if found is None:
+            if len(self._key_cache) >= KEY_CACHE:
+                self._key_cache.clear()
+            found = self._key_cache[mailbox] = MailboxKeys(self._calls, mailbox)
+        return found
 
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        """One script per shard (at most ``PER_CALL`` mailboxes each), all pipelined;
+        a record is sent once per call, each mailbox names the records it gets."""
         s = self._settings
-        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
-        for request in requests:
+        head = [*self._calls.head(), fence.partition, fence.token, s.retention_ms, s.max_entries]
+        by_shard: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
             if len(request.items) > MAX_GROUP_ENTRIES:
                 raise StoreInvalid(f"one append holds at most {MAX_GROUP_ENTRIES} items")
-            args: list[Any] = [
-                *self._calls.head(), fence.partition, fence.token, s.retention_ms,
-                s.max_entries, len(request.items),
-            ]  # fmt: skip
+            by_shard.setdefault(self._keys(request.mailbox).shard, []).append(index)
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        order: list[list[int]] = []
+        for indexes in by_shard.values():
+            for start in range(0, len(indexes), PER_CALL):
+                chunk = indexes[start : start + PER_CALL]
+                calls.append(self._call(requests, chunk, head))
+                order.append(chunk)
+        outcomes: dict[int, AppendOutcome] = {}
+        for start in range(0, len(calls), PIPELINE_CHUNK):
+            replies = await self._calls.link.scripts(
+                APPEND, calls[start : start + PIPELINE_CHUNK], write=True
+            )
+            for chunk, reply in zip(order[start : start + PIPELINE_CHUNK], replies, strict=True):
+                if not isinstance(reply, list) or len(reply) != len(chunk):
+                    raise StoreCorrupt("redis gave an unexpected reply")
+                for index, one in zip(chunk, reply, strict=True):
+                    outcomes[index] = _outcome(one)
+        return [outcomes[index] for index in range(len(requests))]
+
+    def _call(
+        self, requests: Sequence[AppendRequest], chunk: list[int], head: list[Any]
+    ) -> tuple[list[str], list[Any]]:
+        numbers: dict[str, int] = {}
+        records: list[Any] = []
+        picks: list[Any] = []
+        keys = [self._keys(requests[chunk[0]].mailbox).identity]
+        for index in chunk:
+            request = requests[index]
+            keys += self._keys(request.mailbox).lane()
+            picks.append(len(request.items))
             for item in request.items:
                 r = item.record
-                args += [enc(r.message_id), r.seq, enc(r.conversation), codec.encode_record(r)]
-            calls.append((self._keys(request.mailbox).all(), args))
-        outcomes: list[AppendOutcome] = []
-        for start in range(0, len(calls), PIPELINE_CHUNK):
-            chunk = calls[start : start + PIPELINE_CHUNK]
-            for reply in await self._calls.link.scripts(APPEND, chunk, write=True):
-                word, rest = status(reply)
-                if word == b"fenced":
-                    outcomes.append(AppendOutcome(fenced=True))
-                elif word == b"ok" and len(rest) == 3:
-                    added, dups, group = (codec.to_int(v) for v in rest)
-                    outcomes.append(AppendOutcome(added, dups, group))
-                else:
-                    raise StoreCorrupt("redis gave an unexpected reply")
-        return outcomes
+                number = numbers.get(r.message_id)
+                if number is None:
+                    number = numbers[r.message_id] = len(numbers) + 1
+                    records += [
+                        enc(r.message_id),
+                        r.seq,
+                        enc(r.conversation),
+                        codec.encode_record(r),
+                    ]
+                picks.append(number)
+        return keys, [*head, len(numbers), *records, *picks]
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
         k = self._keys(mailbox)

@@ -34,6 +34,7 @@ partitions (standalone and Sentinel; on a Cluster it polls).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, St
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
 GROUP = "relay"
+_ID_RE = re.compile(r"\d{1,20}-\d{1,20}")
 MAX_BLOCK_MS = 1000
 """A blocking wait stays well under the client's 2 s socket timeout."""
 
@@ -207,6 +209,32 @@ return {'ok', summary[2] or '', nxt[1] and nxt[1][1] or ''}
 """.replace("--@token", _TOKEN),
 )
 
+REQUEUE = script(
+    "relay_requeue",
+    """#!lua
+-- KEYS: id stream dlq    ARGV: dep shift letter...
+--@prologue
+local moved = 0
+for i = 3, #ARGV do
+  local found = redis.call('XRANGE', KEYS[3], ARGV[i], ARGV[i], 'COUNT', 1)
+  if found[1] then
+    local fields, keep = found[1][2], {}
+    for j = 1, #fields, 2 do
+      local f = fields[j]
+      if f == 't' or f == 'c' or f == 's' or f == 'm' or f == 'v' or f == 'r' then
+        keep[#keep + 1] = f
+        keep[#keep + 1] = fields[j + 1]
+      end
+    end
+    redis.call('XADD', KEYS[2], '*', unpack(keep))
+    redis.call('XDEL', KEYS[3], ARGV[i])
+    moved = moved + 1
+  end
+end
+return {'ok', moved}
+""",
+)
+
 RELAYS = script(
     "relay_announce",
     """#!lua
@@ -218,7 +246,7 @@ return {'ok', redis.call('ZCARD', KEYS[2])}
 """,
 )
 
-SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, RELAYS)
+SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, RELAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +256,15 @@ class PartitionKeys:
     lease: str
     retry: str
     dead: str
+
+
+def _stream_items(reply: Any) -> list[Any]:
+    """The stream names of an XREAD reply (a list of [name, entries] or a dict)."""
+    if isinstance(reply, dict):
+        return list(reply)
+    if isinstance(reply, list):
+        return [item[0] for item in reply if isinstance(item, list | tuple) and item]
+    return []
 
 
 def _fields(entry: Any) -> list[str]:
@@ -357,14 +394,23 @@ class RedisOutboxPartitions(OutboxPartitions):
             raise StoreCorrupt("redis gave an unexpected reply")
         letters = []
         for item in raw[:limit]:
-            _, stored = item
+            letter, stored = item
             fields = codec.hash_reply(stored)
             entry = decode_entry(k.stream, [fields.get(b"o", b"0-0"), fields])
-            letters.append(
-                DeadLetter(entry, codec.to_str(fields.get(b"p")), codec.to_int(fields.get(b"a")))
-            )
+            problem, attempts = codec.to_str(fields.get(b"p")), codec.to_int(fields.get(b"a"))
+            letters.append(DeadLetter(entry, problem, attempts, codec.to_str(letter)))
         more = len(raw) > limit
         return letters, codec.to_str(raw[limit - 1][0]) if more and limit else ""
+
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        k = self._k(partition)
+        letters = [x for x in letters if _ID_RE.fullmatch(x)]  # others name no letter
+        if not letters:
+            return 0
+        word, rest = await self._calls.run(REQUEUE, [k.identity, k.stream, k.dead], list(letters))
+        if word != b"ok" or not rest:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return codec.to_int(rest[0])
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         word, rest = await self._calls.run(RELAYS, list(self._relays), [owner, ttl_ms])
@@ -372,15 +418,25 @@ class RedisOutboxPartitions(OutboxPartitions):
             raise StoreCorrupt("redis gave an unexpected reply")
         return codec.to_int(rest[0])
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        streams = [self._k(p).stream for p in partitions if p in self._last]
-        if not streams:
-            return
-        ids = [self._last[p] for p in partitions if p in self._last]
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        """One blocking XREAD over the idle partitions' streams, from the last id
+        each one's claim saw: it returns at once when something is already there."""
+        known = [p for p in partitions if p in self._last]
+        fresh = [p for p in partitions if p not in self._last]
+        if fresh or not known:
+            return fresh  # never claimed here yet: claim first, that learns the id
+        streams = {self._k(p).stream: p for p in known}
         block = max(1, min(MAX_BLOCK_MS, timeout_ms))
-        await self._link.call(
-            "XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *streams, *ids, write=False
-        )
+        reply = await self._link.call(
+            "XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *streams,
+            *(self._last[p] for p in known), write=False,
+        )  # fmt: skip
+        ready = []
+        for item in _stream_items(reply):
+            name = streams.get(codec.to_str(item))
+            if name is not None:
+                ready.append(name)
+        return ready
 
     async def readiness(self) -> None:
         await self._link.call("PING", write=False)

@@ -30,15 +30,19 @@ from service.domain.model import (
 DEFER = script(
     "defer_recovery",
     """#!lua
--- KEYS: id commit queue attempts quarantine
+-- KEYS: id commit queue created attempts quarantine
 -- ARGV: dep shift member attempts problem delay_ms quarantine(0|1)
+-- A quarantined member leaves the queue and the creation-time view (its score
+-- in the quarantine keeps its creation time).
 --@prologue
 local st = redis.call('HGET', KEYS[2], 'st')
 if redis.call('EXISTS', KEYS[2]) == 0 or st == '3' then return {'gone'} end
-redis.call('HSET', KEYS[4], ARGV[3], ARGV[4] .. '|' .. ARGV[5])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[4] .. '|' .. ARGV[5])
 if ARGV[7] == '1' then
+  local created = redis.call('ZSCORE', KEYS[4], ARGV[3]) or now
   redis.call('ZREM', KEYS[3], ARGV[3])
-  redis.call('ZADD', KEYS[5], 0, ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  redis.call('ZADD', KEYS[6], created, ARGV[3])
 else
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[6]), ARGV[3])
 end
@@ -51,15 +55,19 @@ RELEASE = script(
     """#!lua
 -- KEYS: id queue created attempts quarantine    ARGV: dep shift member
 --@prologue
-if redis.call('ZREM', KEYS[5], ARGV[3]) == 0 then return {'no'} end
-local created = redis.call('ZSCORE', KEYS[3], ARGV[3]) or now
+local created = redis.call('ZSCORE', KEYS[5], ARGV[3])
+if not created then return {'no'} end
+redis.call('ZREM', KEYS[5], ARGV[3])
 redis.call('ZADD', KEYS[2], created, ARGV[3])
+redis.call('ZADD', KEYS[3], created, ARGV[3])
 redis.call('HDEL', KEYS[4], ARGV[3])
 return {'ok'}
 """,
 )
 
 SCRIPTS = (DEFER, RELEASE)
+MAX_TIES = 1000
+"""Quarantined members read past a page token's score, for ties at that score."""
 
 
 def _attempts(raw: Any) -> tuple[int, str]:
@@ -150,30 +158,41 @@ class RedisRecoveryQueue:
         shard = ck.shard
         await self._calls.run(
             DEFER,
-            [shard.identity, ck.commit(k.sender, k.cmid), shard.queue, shard.attempts,
-             shard.quarantine],
+            [shard.identity, ck.commit(k.sender, k.cmid), shard.queue, shard.created,
+             shard.attempts, shard.quarantine],
             [member, item.attempts + 1, problem[:200], retry_after_ms, "1" if quarantine else "0"],
         )  # fmt: skip
 
     async def quarantined(self, after: str, limit: int) -> QuarantinePage:
-        start_shard, start_member = 0, ""
+        """Shard by shard, each by (creation time, member); the token is
+        ``<shard>|<score>|<member>`` of the last item returned."""
+        start_shard, last = 0, None
         if after:
-            number, sep, member = after.partition("|")
-            if not sep or not number.isdigit() or int(number) >= self._keys.shards:
+            parts = after.split("|", 2)
+            if len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) >= self._keys.shards:
                 raise StoreInvalid("page token is not one this store issued")
-            start_shard, start_member = int(number), member
+            try:
+                last = (float(parts[1]), parts[2].encode())
+            except ValueError:
+                raise StoreInvalid("page token is not one this store issued") from None
+            start_shard = int(parts[0])
         items: list[RecoveryItem] = []
         for n in range(start_shard, self._keys.shards):
             shard = self._keys.shard(n)
-            low = f"({start_member}" if n == start_shard and start_member else "-"
-            members = await self._link.call(
-                "ZRANGE", shard.quarantine, low, "+", "BYLEX", "LIMIT", 0, limit - len(items),
-                write=False,
+            low = last[0] if n == start_shard and last else "-inf"
+            reply = await self._link.call(
+                "ZRANGE", shard.quarantine, low, "+inf", "BYSCORE", "LIMIT", 0,
+                limit - len(items) + (MAX_TIES if n == start_shard and last else 0),
+                "WITHSCORES", write=False,
             )  # fmt: skip
-            page = [m for m in members if isinstance(m, bytes)] if isinstance(members, list) else []
-            items += await self._items([(m, shard) for m in page], True)
+            page = codec.score_pairs(reply)
+            if n == start_shard and last is not None:
+                page = [(m, sc) for m, sc in page if (sc, m) > (last[0], last[1])]
+            page = page[: limit - len(items)]
+            items += await self._items([(m, shard) for m, _ in page], True)
             if len(items) >= limit and page:
-                return QuarantinePage(tuple(items), f"{n}|{codec.to_str(page[-1])}")
+                member, score = page[-1]
+                return QuarantinePage(tuple(items), f"{n}|{score!r}|{codec.to_str(member)}")
         return QuarantinePage(tuple(items), "")
 
     async def item(self, key: CommitKey) -> RecoveryItem | None:

@@ -15,15 +15,23 @@ intent's seq.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, cast
 
 from backends.redis import codec, history
-from backends.redis.commits import COMMIT, PUBLISH, PUT_RECORD, RESERVE, CommitCalls, raise_conflict
+from backends.redis.commits import (
+    COMMIT,
+    PUBLISH,
+    PUT_RECORD,
+    RESERVE,
+    CommitCalls,
+    raise_conflict,
+    status,
+)
 from backends.redis.deployment import check_eviction, check_identity
-from backends.redis.link import WriteRefused
+from backends.redis.link import Arg, WriteRefused
 from backends.redis.lua import Script
 from backends.redis.recovery import RedisRecoveryQueue
-from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound
+from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound, StoreNotReplicated
 from service.domain.identity import WHOLE_HEADER, as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
@@ -65,6 +73,8 @@ class RedisMessageStore(MessageStore):
         identity_form: Literal["digest", "whole"] = "digest",
         allow_eviction: bool = False,
         scripts: tuple[Script, ...] = (),
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self._calls = calls
         self._keys = calls.keys
@@ -73,6 +83,26 @@ class RedisMessageStore(MessageStore):
         self._allow_eviction = allow_eviction
         self._scripts = scripts
         self._queue = RedisRecoveryQueue(calls)
+        self._wait = wait_replicas
+        self._wait_ms = wait_timeout_ms
+
+    # --- acknowledgements that wait for replicas ---------------------------------
+
+    def _check_replicas(self, acked: int) -> None:
+        if acked < self._wait:
+            raise StoreNotReplicated(
+                f"redis: {acked} of the {self._wait} replicas MC_REDIS_WAIT_REPLICAS asks for"
+                " acknowledged the commit in time"
+            )
+
+    async def _replicated(self, loaded: LoadedCommit | None, tenant: str, conv: str) -> None:
+        """Before a committed result becomes an ACK, make sure replicas hold it."""
+        if self._wait and isinstance(loaded, Committed):
+            shard = self._keys.conversation(tenant, conv).shard
+            link = self._calls.link
+            self._check_replicas(
+                await link.replication_barrier(shard.barrier, self._wait, self._wait_ms)
+            )
 
     # --- reserve and load --------------------------------------------------
 
@@ -119,7 +149,9 @@ class RedisMessageStore(MessageStore):
             fields = codec.pairs(rest[0] if rest else [])
             if not request.matches_identity(fields.get(b"id", b"")):
                 return Conflict(key)
-            return _interpret(fields, key, conv)
+            loaded = _interpret(fields, key, conv)
+            await self._replicated(loaded, key.tenant, conv)
+            return loaded
         if word == b"other":
             return Conflict(key)
         if word == b"noconv":
@@ -128,7 +160,9 @@ class RedisMessageStore(MessageStore):
 
     async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
         fields, _ = await self._calls.load_in(key, conversation)
-        return None if fields is None else _interpret(fields, key, conversation)
+        loaded = None if fields is None else _interpret(fields, key, conversation)
+        await self._replicated(loaded, key.tenant, conversation)
+        return loaded
 
     async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
         fields, elsewhere = await self._calls.load_in(request.key, request.conversation)
@@ -136,7 +170,9 @@ class RedisMessageStore(MessageStore):
             return Conflict(request.key) if elsewhere else None
         if not request.matches_identity(fields.get(b"id", b"")):
             return Conflict(request.key)
-        return _interpret(fields, request.key, request.conversation)
+        loaded = _interpret(fields, request.key, request.conversation)
+        await self._replicated(loaded, request.key.tenant, request.conversation)
+        return loaded
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         conversation = await self._calls.pointed_conversation(key)
@@ -197,16 +233,26 @@ class RedisMessageStore(MessageStore):
         s = self._settings
         ttl = s.idempotency_window_ms + PHYSICAL_GRACE_MS
         whole = intent.identity if intent.identity.startswith(WHOLE_HEADER) else b""
-        word, rest = await self._calls.run(
-            COMMIT,
-            [*keys, shard.queue, shard.created, shard.attempts, shard.quarantine,
-             *self._calls.pointer_keys(key)],
-            [*args, "pc" if publication is not None else "c",
+        commit_keys = [*keys, shard.queue, shard.created, shard.attempts, shard.quarantine,
+                       *self._calls.pointer_keys(key)]  # fmt: skip
+        commit_args = [*args, "pc" if publication is not None else "c",
              publication.stream if publication else "", publication.position if publication else "",
              s.idempotency_window_ms, ttl, s.history_retention_ms,
              self._keys.queue_member(key.tenant, conv, key.sender, key.cmid), conv,
-             as_digest(intent.identity), whole],
-        )  # fmt: skip
+             as_digest(intent.identity), whole]  # fmt: skip
+        if self._wait:
+            reply, acked = await self._calls.link.script_and_wait(
+                COMMIT,
+                commit_keys,
+                cast(list[Arg], [*self._calls.head(), *commit_args]),
+                self._wait,
+                self._wait_ms,
+            )
+            word, rest = status(reply)
+            if word == b"committed":
+                self._check_replicas(acked)
+        else:
+            word, rest = await self._calls.run(COMMIT, commit_keys, commit_args)
         if word == b"conflict":
             raise_conflict(rest)
         if word != b"committed" or len(rest) != 3:

@@ -7,19 +7,22 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
-from backends.scylla import conversations, history, outbox, recovery, store
-from backends.scylla.conversations import ScyllaMembershipStore
+from backends.scylla import history, members, outbox, recovery, sequence, skew, store
+from backends.scylla.delivery import open_delivery
 from backends.scylla.history import TTL_SLACK_S, History, ttl_s
-from backends.scylla.outbox import ScyllaOutbox
+from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.recovery import RecoveryIndex
+from backends.scylla.relay import PartitionedOutbox
 from backends.scylla.schema import (
     READ_VERSION,
     SCHEMA_SCOPE,
     SCHEMA_VERSION,
     check_keyspace,
 )
+from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession
 from backends.scylla.store import ScyllaMessageStore
+from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
@@ -66,9 +69,11 @@ async def open_scylla_backend(
     password: str | None = None,
     local_dc: str | None = None,
     consistency: str = "LOCAL_QUORUM",
-    serial_consistency: str = "LOCAL_SERIAL",
+    serial_consistency: str = "SERIAL",
     request_timeout_s: float = 5.0,
     namespace: str = "",
+    max_clock_skew_ms: int | None = 3000,
+    delivery: DeliverySettings | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -80,11 +85,16 @@ async def open_scylla_backend(
     recovery index and the outbox log, so that several deployments (or test
     cases) can share a keyspace. Every replica of one deployment must use the
     same value; the default "" suits one deployment per keyspace.
+
+    ``max_clock_skew_ms``: the replica's clock (``clock``) decides expiry, so
+    open and every readiness probe measure it against the cluster's and refuse
+    (StoreMisconfigured) beyond this bound; None skips the check (tests that
+    drive time with a manual clock far from the wall clock).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
         raise StoreInvalid("namespace must be up to 128 characters from A-Z a-z 0-9 . _ ~ : -")
-    settings = settings or StoreSettings()
+    settings = (settings or StoreSettings()).validate()
     clock = clock or SystemClock()
     requests: Counter[str] = Counter()
     cql = await CqlSession.connect(
@@ -104,13 +114,17 @@ async def open_scylla_backend(
         await cql.prepare(
             {
                 **_READINESS,
-                **conversations.STATEMENTS,
+                **skew.STATEMENTS,
+                **members.STATEMENTS,
+                **sequence.STATEMENTS,
                 **history.STATEMENTS,
                 **recovery.STATEMENTS,
                 **outbox.STATEMENTS,
                 **store.STATEMENTS,
             }
         )
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_OPEN)
+        ports = await open_delivery(cql, namespace, clock, delivery or DeliverySettings())
     except BaseException:
         await cql.close()
         raise
@@ -118,27 +132,31 @@ async def open_scylla_backend(
     async def readiness() -> None:
         rows = await cql.read("schema.version", (SCHEMA_SCOPE,))
         require_version(int(rows[0]["version"]) if rows else None)
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
 
-    # A seq reservation must never outlive a committed intent (see conversations).
-    members = ScyllaMembershipStore(
-        cql, clock, reservation_ttl_s=ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
-    )
+    commit_ttl_s = ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
+    membership = ScyllaMembershipStore(cql, clock)
     message_store = ScyllaMessageStore(
         cql,
-        members,
-        History(cql, members, clock, settings.history_retention_ms),
+        # A seq reservation must never outlive a committed intent (see sequence).
+        SeqAllocator(cql, reservation_ttl_s=commit_ttl_s),
+        History(cql, membership, clock, settings.history_retention_ms),
         RecoveryIndex(cql, namespace),
         settings,
         clock,
         identity_form,
         readiness,
+        commit_ttl_s,
     )
     return Backend(
         name="scylla",
         store=message_store,
-        membership=members,
-        outbox=ScyllaOutbox(cql, namespace, readiness),
+        membership=membership,
+        # Schema 3: commits publish to the partitioned outbox the relays lease
+        # (backends.scylla.relay); the old table is drained as its legacy partition.
+        outbox=PartitionedOutbox(cql, namespace, readiness),
         durable=True,
         closers=[cql.close],
         requests=requests,
+        delivery=ports,
     )

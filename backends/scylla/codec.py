@@ -142,9 +142,7 @@ def intent_from_row(key: CommitKey, row: Row, state: CommitState) -> CommitInten
     if not isinstance(identity, bytes):
         raise StoreCorrupt("a stored identity is missing")
     record = record_from_row(key.tenant, _text(row, "conversation"), key.sender, key.cmid, row)
-    delivery = FrozenDeliveryInput(
-        tuple(row.get("recipients") or ()), _int(row, "membership_version")
-    )
+    delivery = delivery_of(row)
     return CommitIntent(
         key=key,
         identity=identity,
@@ -154,6 +152,18 @@ def intent_from_row(key: CommitKey, row: Row, state: CommitState) -> CommitInten
         created_at_ms=_int(row, "created_at_ms"),
         publication=publication_of(row),
     )
+
+
+def delivery_of(row: Row) -> FrozenDeliveryInput:
+    """By reference (no ``recipients``), or release 1's inline recipient list."""
+    recipients = row.get("recipients")
+    inline = None if recipients is None else tuple(str(r) for r in recipients)
+    return FrozenDeliveryInput(inline, _int(row, "membership_version"))
+
+
+def recipients_value(delivery: FrozenDeliveryInput) -> list[str] | None:
+    """The ``recipients`` column: None for a delivery by reference."""
+    return None if delivery.recipients is None else list(delivery.recipients)
 
 
 def new_intent(

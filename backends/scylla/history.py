@@ -6,26 +6,32 @@ Retention is counted from commit, like the memory backend's:
   record never expires. Its write timestamp is the intent's creation time,
   and the commit's rewrite (below) uses a later one, so a stalled
   ``put_record`` that lands after the commit cannot strip the TTL.
-* ``mark_committed`` first rewrites the same record with ``expires_at_ms``
-  (now + retention, by the store's clock) and a TTL a little longer, so the
-  logical expiry (checked on read, to the millisecond) always comes before
-  the physical one (the server's TTL, in seconds).
-* It also adds ``(expires_at_ms, seq)`` to the conversation's retention
-  schedule (``history_expiry``, TTL twice the retention plus an hour) and
+* After the commit-mark, the record is rewritten with ``expires_at_ms`` (commit
+  time + retention, by the store's clock) and a TTL a little longer, and
+  ``(expires_at_ms, seq)`` joins the conversation's retention schedule
+  (``history_expiry``, TTL twice the retention plus an hour), which also
   raises two static registers: ``max_committed_seq`` (written ``USING
-  TIMESTAMP seq``, so the highest value always wins whatever the order of
-  the writes) and ``last_commit_ms``.
+  TIMESTAMP seq``, so the highest value wins in any write order) and
+  ``last_commit_ms``.
 
-As in memory, history expires as a prefix: ``available_from_seq`` is one
-past the highest expired seq, and nothing below it is returned. A page
-computes it from the most recent due schedule entries (at most 500; they
-hold the highest expired seqs because seqs are committed in roughly
-ascending order) and, once every commit is past retention (``now >=
-last_commit_ms + retention``), from ``max_committed_seq``. The schedule
-outlives its records by more than one retention period, so one of the two
-always knows the boundary. It is exact unless more than 500 late commits of
-lower seqs expire after the highest one (recovery of a large backlog); then
-the boundary may lag, never lead.
+As in memory, history expires as a prefix: ``available_from_seq`` is one past
+the highest expired seq, but never past a **pinned** seq (``history_pins``,
+by seq bucket): every seq is pinned from its reserve (in the batch written
+before the intent) until its commit, so retention never removes or hides the
+record of an unfinished intent. At commit the pin is deleted, unless the
+intent is so old that retention may already want its seq gone (created more
+than the retention minus ``LATE_MARGIN_MS`` ago): then it stays, until its own
+expiry, so a late commit keeps its record readable for its whole retention.
+
+A page computes the boundary from the most recent due schedule entries (at
+most 500) or, once every commit is past retention, from ``max_committed_seq``;
+then lowers it to the lowest live pin at or above the last boundary it
+stored (``floor_seq``, monotonic by ``USING TIMESTAMP``), and stores the new
+one. Pins are only looked for between the two, bucket by bucket, so a page
+never reads through more than one bucket of deleted pins. Records at or above
+the boundary are returned (nothing above it is hidden); the server's TTL
+removes records physically, which can only make a difference when an intent
+stays unfinished for longer than the retention (docs/scylla.md).
 """
 
 from __future__ import annotations
@@ -36,10 +42,10 @@ import math
 import time
 
 from backends.scylla.codec import BODY_COLUMNS, body_values, history_record
-from backends.scylla.conversations import ScyllaMembershipStore
+from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.schema import HISTORY_BUCKET
-from backends.scylla.session import CqlSession, Row
-from service.domain.errors import StoreForbidden, StoreNotFound
+from backends.scylla.session import CqlSession, Params, Row
+from service.domain.errors import StoreForbidden
 from service.domain.history import build_page
 from service.domain.model import Direction, HistoryPage, HistoryQuery, MessageRecord
 from service.domain.ports import Clock
@@ -49,6 +55,12 @@ TTL_SLACK_S = 60
 SCHEDULE_SLACK_S = 3600
 DUE_ENTRIES = 500
 MAX_BUCKETS_PER_PAGE = 256
+MAX_PIN_BUCKETS = 64
+PINS_PER_READ = 64
+LATE_MARGIN_MS = 3_600_000
+BATCHED_RECORD_BYTES = 16 * 1024
+"""A larger record is rewritten on its own, not in the commit's batch (a batch over
+several partitions is refused above ``batch_size_fail_threshold``, 50 KiB)."""
 
 _COLUMNS = ("tenant", "conversation", "bucket", "seq", "message_id", "sender", "cmid")
 _VALUES = (*_COLUMNS, *BODY_COLUMNS, "server_ts_ms")
@@ -61,6 +73,7 @@ _INSERT_TTL = (
     f" VALUES ({', '.join('?' * (len(_VALUES) + 1))}) USING TTL ? AND TIMESTAMP ?"
 )
 _WHERE = "WHERE tenant = ? AND conversation = ? AND bucket = ?"
+_CONV = "WHERE tenant = ? AND conversation = ?"
 
 STATEMENTS = {
     "hist.put": _INSERT,
@@ -73,13 +86,19 @@ STATEMENTS = {
     "exp.schedule": "INSERT INTO {ks}.history_expiry (tenant, conversation, expires_at_ms, seq)"
     " VALUES (?, ?, ?, ?) USING TTL ?",
     "exp.max_seq": "UPDATE {ks}.history_expiry USING TIMESTAMP ? SET max_committed_seq = ?"
-    " WHERE tenant = ? AND conversation = ?",
-    "exp.last_commit": "UPDATE {ks}.history_expiry SET last_commit_ms = ?"
-    " WHERE tenant = ? AND conversation = ?",
-    "exp.statics": "SELECT max_committed_seq, last_commit_ms FROM {ks}.history_expiry"
-    " WHERE tenant = ? AND conversation = ? LIMIT 1",
-    "exp.due": "SELECT seq FROM {ks}.history_expiry"
-    " WHERE tenant = ? AND conversation = ? AND expires_at_ms <= ? LIMIT ?",
+    f" {_CONV}",
+    "exp.last_commit": f"UPDATE {{ks}}.history_expiry SET last_commit_ms = ? {_CONV}",
+    "exp.floor": f"UPDATE {{ks}}.history_expiry USING TIMESTAMP ? SET floor_seq = ? {_CONV}",
+    "exp.statics": "SELECT max_committed_seq, last_commit_ms, floor_seq"
+    f" FROM {{ks}}.history_expiry {_CONV} LIMIT 1",
+    "exp.due": f"SELECT seq FROM {{ks}}.history_expiry {_CONV} AND expires_at_ms <= ? LIMIT ?",
+    "pin.add": "INSERT INTO {ks}.history_pins (tenant, conversation, bucket, seq)"
+    " VALUES (?, ?, ?, ?)",
+    "pin.until": "INSERT INTO {ks}.history_pins (tenant, conversation, bucket, seq, until_ms)"
+    " VALUES (?, ?, ?, ?, ?) USING TTL ?",
+    "pin.remove": f"DELETE FROM {{ks}}.history_pins {_WHERE} AND seq = ?",
+    "pin.from": f"SELECT seq, until_ms FROM {{ks}}.history_pins {_WHERE}"
+    " AND seq >= ? AND seq < ? LIMIT ?",
 }
 
 
@@ -101,20 +120,29 @@ def _values(record: MessageRecord) -> tuple[object, ...]:
     )
 
 
+def pin_write(tenant: str, conversation: str, seq: int) -> tuple[str, Params]:
+    """Pin ``seq`` against retention (written at reserve, before the intent)."""
+    return ("pin.add", (tenant, conversation, seq // HISTORY_BUCKET, seq))
+
+
+def pin_removal(tenant: str, conversation: str, seq: int) -> tuple[str, Params]:
+    return ("pin.remove", (tenant, conversation, seq // HISTORY_BUCKET, seq))
+
+
 class History:
-    """The history and history_expiry tables."""
+    """The history, history_expiry and history_pins tables."""
 
     def __init__(
         self,
         cql: CqlSession,
-        conversations: ScyllaMembershipStore,
+        members: ScyllaMembershipStore,
         clock: Clock,
         retention_ms: int,
     ) -> None:
         self._cql = cql
-        self._conversations = conversations
+        self._members = members
         self._clock = clock
-        self._retention_ms = retention_ms
+        self.retention_ms = retention_ms
 
     # --- writes ------------------------------------------------------------------
 
@@ -126,72 +154,109 @@ class History:
 
     async def get(self, record: MessageRecord) -> MessageRecord | None:
         """What history holds at ``record``'s seq, if anything."""
-        rows = await self._cql.read(
-            "hist.get",
-            (record.tenant, record.conversation, record.seq // HISTORY_BUCKET, record.seq),
-        )
-        return history_record(record.tenant, record.conversation, rows[0]) if rows else None
+        return await self.at(record.tenant, record.conversation, record.seq)
 
-    async def committed(self, record: MessageRecord, now_ms: int, created_at_ms: int) -> None:
-        """At commit: rewrite the record with its expiry, and schedule the expiry."""
+    async def at(self, tenant: str, conversation: str, seq: int) -> MessageRecord | None:
+        rows = await self._cql.read("hist.get", (tenant, conversation, seq // HISTORY_BUCKET, seq))
+        return history_record(tenant, conversation, rows[0]) if rows else None
+
+    def committed_writes(
+        self, record: MessageRecord, committed_ms: int, created_at_ms: int, now_ms: int
+    ) -> tuple[list[tuple[str, Params]], tuple[str, Params]]:
+        """What a commit (at ``committed_ms``) writes into history: the schedule
+        and pin statements for the commit's batch, and the record's rewrite with
+        its expiry (batched by the caller only when small, see BATCHED_RECORD_BYTES)."""
         written_us = max(time.time_ns() // 1000, created_at_ms * 1000 + 1)
-        expires = now_ms + self._retention_ms
-        history_ttl = ttl_s(self._retention_ms, TTL_SLACK_S)
-        schedule_ttl = ttl_s(2 * self._retention_ms, SCHEDULE_SLACK_S)
-        t, c = record.tenant, record.conversation
-        await asyncio.gather(
-            self._cql.write("hist.put_ttl", (*_values(record), expires, history_ttl, written_us)),
-            self._cql.write_batch(
-                [
-                    ("exp.schedule", (t, c, expires, record.seq, schedule_ttl)),
-                    ("exp.max_seq", (record.seq, record.seq, t, c)),
-                    ("exp.last_commit", (now_ms, t, c)),
-                ]
-            ),
-        )
+        expires = committed_ms + self.retention_ms
+        left_ms = max(1, expires - now_ms)
+        history_ttl = ttl_s(left_ms, TTL_SLACK_S)
+        schedule_ttl = ttl_s(left_ms + self.retention_ms, SCHEDULE_SLACK_S)
+        t, c, seq = record.tenant, record.conversation, record.seq
+        writes: list[tuple[str, Params]] = [
+            ("exp.schedule", (t, c, expires, seq, schedule_ttl)),
+            ("exp.max_seq", (seq, seq, t, c)),
+            ("exp.last_commit", (committed_ms, t, c)),
+        ]
+        if created_at_ms <= committed_ms - self.retention_ms + LATE_MARGIN_MS:
+            # Retention may already want this seq gone: keep it until its own expiry.
+            writes.append(("pin.until", (t, c, seq // HISTORY_BUCKET, seq, expires, history_ttl)))
+        else:
+            writes.append(pin_removal(t, c, seq))
+        rewrite = ("hist.put_ttl", (*_values(record), expires, history_ttl, written_us))
+        return writes, rewrite
 
     # --- reads -------------------------------------------------------------------
 
     async def page(self, query: HistoryQuery) -> HistoryPage:
         now = self._clock.now_ms()
         t, c = query.tenant, query.conversation
-        member, due, statics = await asyncio.gather(
-            self._conversations.member_and_last_seq(t, c, query.actor),
+        (is_member, statics), due, expiry = await asyncio.gather(
+            self._members.member_now(t, c, query.actor),
             self._cql.read("exp.due", (t, c, now, DUE_ENTRIES)),
             self._cql.read("exp.statics", (t, c)),
         )
-        if member is None:
-            raise StoreNotFound("conversation not found")
-        is_member, last_seq = member
         if not is_member:
             raise StoreForbidden("reader is not a member of the conversation")
-        floor = self._available_from(now, due, statics[0] if statics else None)
+        last_seq = statics.last_seq
+        floor = await self.floor(t, c, now, due, expiry[0] if expiry else None)
         if query.direction is Direction.FORWARD:
             lo, hi = max(query.anchor_seq + 1, floor), last_seq
         else:
             # An anchor past the end pages from the newest record, as on every backend.
             lo, hi = floor, (min(query.anchor_seq - 1, last_seq) if query.anchor_seq else last_seq)
-        records, boundary = await self._fetch(query, lo, hi, now)
+        records, boundary = await self._fetch(query, lo, hi)
         page = build_page(query, records, available_from_seq=floor, last_seq=last_seq)
         if boundary and not page.next_anchor:
             page = dataclasses.replace(page, next_anchor=boundary)
         return page
 
-    def _available_from(self, now: int, due: list[Row], statics: Row | None) -> int:
-        floor = 1
+    async def floor(
+        self, tenant: str, conversation: str, now: int, due: list[Row], statics: Row | None
+    ) -> int:
+        """``available_from_seq``: past every expired seq, never past a live pin."""
+        wanted = 1
         if due:
-            floor = max(int(r["seq"]) for r in due) + 1
+            wanted = max(int(r["seq"]) for r in due) + 1
+        stored = 1
         if statics is not None:
             last_commit, max_seq = statics.get("last_commit_ms"), statics.get("max_committed_seq")
-            everything_expired = last_commit is not None and now >= last_commit + self._retention_ms
+            everything_expired = last_commit is not None and now >= last_commit + self.retention_ms
             if everything_expired and max_seq is not None:
-                floor = max(floor, int(max_seq) + 1)
+                wanted = max(wanted, int(max_seq) + 1)
+            stored = max(1, int(statics.get("floor_seq") or 1))
+        if wanted <= stored:
+            return stored
+        floor = await self._lowest_pin(tenant, conversation, stored, wanted, now)
+        if floor > stored:
+            await self._cql.write("exp.floor", (floor, floor, tenant, conversation))
         return floor
 
+    async def _lowest_pin(self, tenant: str, conversation: str, lo: int, hi: int, now: int) -> int:
+        """The lowest live pin in [lo, hi), or ``hi``; never more than MAX_PIN_BUCKETS
+        buckets (then the start of the first bucket not read: the floor lags, never leads)."""
+        first = lo // HISTORY_BUCKET
+        for bucket in range(first, (hi - 1) // HISTORY_BUCKET + 1):
+            if bucket - first == MAX_PIN_BUCKETS:
+                return bucket * HISTORY_BUCKET
+            start = max(lo, bucket * HISTORY_BUCKET)
+            end = min(hi, (bucket + 1) * HISTORY_BUCKET)
+            while start < end:
+                rows = await self._cql.read(
+                    "pin.from", (tenant, conversation, bucket, start, end, PINS_PER_READ)
+                )
+                for row in rows:
+                    until = row.get("until_ms")
+                    if until is None or until > now:
+                        return int(row["seq"])
+                if len(rows) < PINS_PER_READ:
+                    break
+                start = int(rows[-1]["seq"]) + 1
+        return hi
+
     async def _fetch(
-        self, query: HistoryQuery, lo: int, hi: int, now: int
+        self, query: HistoryQuery, lo: int, hi: int
     ) -> tuple[list[MessageRecord], int]:
-        """Up to limit + 1 live records in page order within [lo, hi], bucket by
+        """Up to limit + 1 records in page order within [lo, hi], bucket by
         bucket; the boundary to continue from if the bucket cap stopped it."""
         forward = query.direction is Direction.FORWARD
         want = query.limit + 1
@@ -214,10 +279,7 @@ class History:
                 "hist.forward" if forward else "hist.backward",
                 (query.tenant, query.conversation, bucket, b_lo, b_hi, want - len(found)),
             )
-            for row in rows:
-                expires = row.get("expires_at_ms")
-                if expires is None or expires > now:
-                    found.append(history_record(query.tenant, query.conversation, row))
+            found.extend(history_record(query.tenant, query.conversation, row) for row in rows)
             if len(found) >= want:
                 break
         return found, 0

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from backends.scylla.backend import schema_version
 from backends.scylla.schema import (
+    COLUMNS_OF,
     HAS_TABLETS,
     MIGRATIONS,
     RECORD_VERSION,
@@ -32,6 +33,7 @@ from backends.scylla.schema import (
     parse_replication,
 )
 from backends.scylla.session import CqlSession
+from backends.scylla.upgrade import convert_release1
 from service.domain.errors import StoreError, StoreSchemaError
 
 DDL_TIMEOUT_S = 60.0
@@ -47,8 +49,10 @@ async def migrate(
     password: str | None = None,
     local_dc: str | None = None,
     request_timeout_s: float = 10.0,
+    up_to: int = SCHEMA_VERSION,
 ) -> int:
-    """Apply every migration newer than the keyspace's; return the version now applied."""
+    """Apply every migration newer than the keyspace's (up to ``up_to``: tests build
+    an older schema with it); return the version now applied."""
     check_keyspace(keyspace)
     wanted = parse_replication(replication)
     cql = await CqlSession.connect(
@@ -64,12 +68,14 @@ async def migrate(
         request_timeout_s=request_timeout_s,
     )
     try:
-        return await _migrate(cql, keyspace, wanted)
+        return await _migrate(cql, keyspace, wanted, up_to)
     finally:
         await cql.close()
 
 
-async def _migrate(cql: CqlSession, keyspace: str, replication: Mapping[str, str]) -> int:
+async def _migrate(
+    cql: CqlSession, keyspace: str, replication: Mapping[str, str], up_to: int
+) -> int:
     found = await schema_version(cql)
     if found is not None and found > SCHEMA_VERSION:
         raise StoreSchemaError(
@@ -83,10 +89,18 @@ async def _migrate(cql: CqlSession, keyspace: str, replication: Mapping[str, str
         await cql.simple(SCHEMA_VERSION_TABLE, timeout_s=DDL_TIMEOUT_S)
     current = found or 0
     for migration in MIGRATIONS:
-        if migration.version <= current:
+        if migration.version <= current or migration.version > up_to:
             continue
         for statement in migration.statements:
             await cql.simple(statement, timeout_s=DDL_TIMEOUT_S)
+        if migration.columns:
+            rows = await cql.simple(COLUMNS_OF, (keyspace,))
+            present = {(r["table_name"], r["column_name"]) for r in rows}
+            for column in migration.columns:
+                if (column.table, column.name) not in present:
+                    await cql.simple(column.ddl(), timeout_s=DDL_TIMEOUT_S)
+        if migration.version == 2 and current == 1:
+            await convert_release1(cql)  # before the version is recorded: a re-run redoes it
         await cql.simple(RECORD_VERSION, (SCHEMA_SCOPE, migration.version, migration.description))
         current = migration.version
     return current

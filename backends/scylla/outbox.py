@@ -5,6 +5,11 @@ position) and returns it once the write is acknowledged at the configured
 consistency: that acknowledgement is the durable ack the committer waits
 for. Delivery is at least once: a retried publish appends another row.
 
+Rows carry the membership version the delivery was frozen at; only a
+release-1 intent (recipients inline) also writes its recipient list, so a row
+costs the same whatever the conversation's size. Release 1's rows (no
+version column) still read, with version 0.
+
 ``read(after, limit)`` walks the days listed in ``outbox_days`` from the
 day of ``after`` on. Positions order by their time, so a relay tailing the
 log should stay a few seconds behind "now" to let writers with slower clocks
@@ -18,20 +23,25 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable
 
+from cassandra.query import UNSET_VALUE
+
+from backends.scylla.codec import recipients_value
 from backends.scylla.session import CqlSession, Row
 from service.domain.errors import StoreInvalid
-from service.domain.model import CommitIntent, OutboxEntry, OutboxPublication
-from service.domain.ports import Outbox
+from service.domain.model import CommitIntent, OutboxEntry, OutboxPage, OutboxPublication
+from service.domain.ports import Hook, Outbox
+
+_COLUMNS = "position, tenant, conversation, seq, message_id, recipients, membership_version"
 
 STATEMENTS = {
     "ob.add": "INSERT INTO {ks}.outbox (namespace, day, position, tenant, conversation, seq,"
-    " message_id, recipients) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+    " message_id, recipients, membership_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " USING TTL ?",
     "ob.day": "INSERT INTO {ks}.outbox_days (namespace, day) VALUES (?, ?) USING TTL ?",
     "ob.days": "SELECT day FROM {ks}.outbox_days WHERE namespace = ? AND day >= ? LIMIT ?",
-    "ob.after": "SELECT position, tenant, conversation, seq, message_id, recipients"
-    " FROM {ks}.outbox WHERE namespace = ? AND day = ? AND position > ? LIMIT ?",
-    "ob.all": "SELECT position, tenant, conversation, seq, message_id, recipients"
-    " FROM {ks}.outbox WHERE namespace = ? AND day = ? LIMIT ?",
+    "ob.after": f"SELECT {_COLUMNS} FROM {{ks}}.outbox"
+    " WHERE namespace = ? AND day = ? AND position > ? LIMIT ?",
+    "ob.all": f"SELECT {_COLUMNS} FROM {{ks}}.outbox WHERE namespace = ? AND day = ? LIMIT ?",
 }
 
 ReadinessCheck = Callable[[], Awaitable[None]]
@@ -54,13 +64,14 @@ class ScyllaOutbox(Outbox):
         self._node = random.getrandbits(48) | (1 << 40)  # a random node id (multicast bit)
         self._days_written: set[int] = set()
 
-    async def publish(self, intent: CommitIntent) -> OutboxPublication:
+    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
         position = uuid.uuid1(node=self._node)
         day = _day(position)
         if day not in self._days_written:  # days are never deleted before they expire
             await self._cql.write("ob.day", (self._ns, day, OUTBOX_TTL_S + 2 * 86_400))
             self._days_written.add(day)
-        r = intent.record
+        r, d = intent.record, intent.delivery
+        recipients = recipients_value(d)
         await self._cql.write(
             "ob.add",
             (
@@ -71,15 +82,18 @@ class ScyllaOutbox(Outbox):
                 r.conversation,
                 r.seq,
                 r.message_id,
-                list(intent.delivery.recipients),
+                UNSET_VALUE if recipients is None else recipients,
+                d.membership_version,
                 OUTBOX_TTL_S,
             ),
         )
+        if sent is not None:
+            sent()
         return OutboxPublication(STREAM, str(position))
 
-    async def read(self, after: str, limit: int) -> list[OutboxEntry]:
+    async def read(self, after: str, limit: int) -> OutboxPage:
         if limit <= 0:
-            return []
+            return OutboxPage((), after)
         start: uuid.UUID | None = None
         if after:
             try:
@@ -100,18 +114,21 @@ class ScyllaOutbox(Outbox):
             found.extend(_entry(row) for row in rows)
             if len(found) >= limit:
                 break
-        return found[:limit]
+        entries = tuple(found[:limit])
+        return OutboxPage(entries, entries[-1].publication.position if entries else after)
 
     async def readiness(self) -> None:
         await self._readiness()
 
 
 def _entry(row: Row) -> OutboxEntry:
+    recipients = row.get("recipients")
     return OutboxEntry(
         OutboxPublication(STREAM, str(row["position"])),
         row["tenant"],
         row["conversation"],
         int(row["seq"]),
         row["message_id"],
-        tuple(row.get("recipients") or ()),
+        None if recipients is None else tuple(recipients),
+        int(row.get("membership_version") or 0),
     )

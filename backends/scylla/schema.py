@@ -3,33 +3,45 @@
 ``migrate`` (``backends/scylla/migrate.py``) applies every migration newer
 than the version recorded in ``schema_version``; ``open_scylla_backend``
 refuses a keyspace whose recorded version is missing, older or newer than
-``SCHEMA_VERSION``. Every statement is ``IF NOT EXISTS``, so re-running a
-migration that stopped half-way is safe. Run migrations from one place (a
-deploy job), not from every replica: concurrent schema changes of the same
-table can disagree on a CQL cluster.
+``SCHEMA_VERSION``. Every table is created ``IF NOT EXISTS`` and every added
+column is added only when ``system_schema.columns`` does not list it yet
+(ScyllaDB has no ``ADD IF NOT EXISTS``), so re-running a migration that
+stopped half-way is safe. Run migrations from one place (a deploy job), not
+from every replica: concurrent schema changes of the same table can disagree
+on a CQL cluster.
 
 Tables (all partition keys are composite keys, so tenant-scoped ids are
 encoded by the protocol and can never collide, whatever they contain):
 
-=================  ==============================  ==============================================
-table              partition / clustering          access path
-=================  ==============================  ==============================================
-commits            (tenant, sender, cmid)          one intent per CommitKey; compacted (and TTLed
-                                                   by the idempotency window) at COMMITTED
-conversations      (tenant, conversation) /        static: membership version, last allocated
-                   kind, name, cmid                seq; rows: members (kind 'm') and short-lived
-                                                   seq reservations per key (kind 'r')
-history            (tenant, conversation, bucket)  records, bucket = seq // 1000, by seq
-                   / seq
-history_expiry     (tenant, conversation) /        when each committed seq leaves history, plus
-                   expires_at_ms DESC, seq DESC    static registers; gives available_from_seq
-recovery_index     (namespace, minute, shard) /    unfinished intents by creation time
-                   created_at_ms, tenant, ...
-recovery_buckets   (namespace) / minute            minutes that may still hold entries
-outbox             (namespace, day) / position     the outbox log, position = timeuuid
-outbox_days        (namespace) / day               days that hold outbox entries
-schema_version     (scope) / version DESC          applied migrations
-=================  ==============================  ==============================================
+==================  ==============================  ==============================================
+table               partition / clustering          access path
+==================  ==============================  ==============================================
+commits             (tenant, sender, cmid)          one intent per CommitKey, with its recovery
+                                                    bookkeeping (rq_*); compacted (and TTLed by
+                                                    the idempotency window) at COMMITTED
+conversations       (tenant, conversation) /        static: membership version, lowest readable
+                    kind, name, cmid                version, member count, last allocated seq;
+                                                    rows: members with their version intervals
+                                                    (kind 'm'), a sentinel (kind 'n') and
+                                                    short-lived seq reservations (kind 'r')
+history             (tenant, conversation, bucket)  records, bucket = seq // 1000, by seq
+                    / seq
+history_expiry      (tenant, conversation) /        when each committed seq leaves history, plus
+                    expires_at_ms DESC, seq DESC    static registers; gives available_from_seq
+history_pins        (tenant, conversation, bucket)  seqs retention must not pass: unfinished
+                    / seq                           intents, late commits until their own expiry
+recovery_index      (namespace, minute, shard) /    the recovery queue: unfinished intents by due
+                    created_at_ms (= due), key      time (the column keeps its release-1 name)
+recovery_created    (namespace, minute, shard) /    unfinished intents by creation time (stats)
+                    created_at_ms, key
+recovery_buckets    (namespace) / minute            minutes that may still hold entries of either
+                                                    (partition "ns:<ns>": queue, "created:<ns>")
+recovery_quarantine (namespace) / key               quarantined intents
+outbox              (namespace, day) / position     the outbox log, position = timeuuid (schema 3
+                                                   on: drained as the relay's legacy partition)
+outbox_days         (namespace) / day               days that hold outbox entries
+schema_version      (scope) / version DESC          applied migrations
+==================  ==============================  ==============================================
 """
 
 from __future__ import annotations
@@ -38,10 +50,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.scylla import delivery_schema
 from service.domain.errors import StoreInvalid
 
 SCHEMA_SCOPE = "message_committer"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 HISTORY_BUCKET = 1000
 """Sequence numbers per history partition: bounded partitions, few reads per page."""
 
@@ -55,10 +68,26 @@ _RECORD_COLUMNS = """
 
 
 @dataclass(frozen=True, slots=True)
+class Column:
+    """A column a migration adds to an existing table (when it is not there yet)."""
+
+    table: str
+    name: str
+    cql_type: str
+    static: bool = False
+
+    def ddl(self) -> str:
+        static = " static" if self.static else ""
+        return f"ALTER TABLE {{ks}}.{self.table} ADD {self.name} {self.cql_type}{static}"
+
+
+@dataclass(frozen=True, slots=True)
 class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+    columns: tuple[Column, ...] = ()
+    """Added after ``statements``; see ``migrate`` for the data a migration converts."""
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -113,6 +142,43 @@ MIGRATIONS: tuple[Migration, ...] = (
 ) WITH comment = 'days of the outbox log'""",
         ),
     ),
+    Migration(
+        2,
+        "versioned membership, recovery queue with attempts and quarantine, retention pins,"
+        " outbox by reference",
+        (
+            """CREATE TABLE IF NOT EXISTS {ks}.history_pins (
+    tenant text, conversation text, bucket bigint, seq bigint, until_ms bigint,
+    PRIMARY KEY ((tenant, conversation, bucket), seq)
+) WITH gc_grace_seconds = 86400 AND comment = 'seqs history retention must not pass'""",
+            """CREATE TABLE IF NOT EXISTS {ks}.recovery_created (
+    namespace text, bucket bigint, shard int,
+    created_at_ms bigint, tenant text, sender text, cmid text,
+    PRIMARY KEY ((namespace, bucket, shard), created_at_ms, tenant, sender, cmid)
+) WITH gc_grace_seconds = 3600 AND comment = 'unfinished intents by creation minute'""",
+            """CREATE TABLE IF NOT EXISTS {ks}.recovery_quarantine (
+    namespace text, tenant text, sender text, cmid text,
+    created_at_ms bigint, conversation text,
+    PRIMARY KEY ((namespace), tenant, sender, cmid)
+) WITH comment = 'quarantined intents'""",
+        ),
+        (
+            Column("conversations", "intervals", "text"),
+            Column("conversations", "member_count", "bigint", static=True),
+            Column("conversations", "floor_version", "bigint", static=True),
+            Column("commits", "rq_attempts", "int"),
+            Column("commits", "rq_due_ms", "bigint"),
+            Column("commits", "rq_problem", "text"),
+            Column("commits", "rq_quarantined", "boolean"),
+            Column("history_expiry", "floor_seq", "bigint", static=True),
+            Column("recovery_index", "conversation", "text"),
+            Column("recovery_index", "seq", "bigint"),
+            Column("recovery_index", "message_id", "text"),
+            Column("recovery_index", "created_ms", "bigint"),
+            Column("outbox", "membership_version", "bigint"),
+        ),
+    ),
+    Migration(3, delivery_schema.DESCRIPTION, delivery_schema.TABLES),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION
 
@@ -127,6 +193,8 @@ RECORD_VERSION = (
 )
 
 # A ScyllaDB that knows tablets has this column; Cassandra has no scylla_* tables at all.
+COLUMNS_OF = "SELECT table_name, column_name FROM system_schema.columns WHERE keyspace_name = %s"
+
 HAS_TABLETS = (
     "SELECT column_name FROM system_schema.columns WHERE keyspace_name = 'system_schema'"
     " AND table_name = 'scylla_keyspaces' AND column_name = 'initial_tablets'"

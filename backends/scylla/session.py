@@ -17,7 +17,7 @@ Everything the Scylla backend sends goes through ``CqlSession``:
 
 Consistency (DESIGN §8, docs/scylla.md): plain reads and writes use
 ``consistency`` (default LOCAL_QUORUM); conditional writes use
-``serial_consistency`` (default LOCAL_SERIAL) for their Paxos phase and
+``serial_consistency`` (default SERIAL) for their Paxos phase and
 ``consistency`` for their commit; re-reads after a refused or unknown
 conditional write use ``serial_consistency``.
 """
@@ -142,7 +142,7 @@ class CqlSession:
         password: str | None = None,
         local_dc: str | None = None,
         consistency: str = "LOCAL_QUORUM",
-        serial_consistency: str = "LOCAL_SERIAL",
+        serial_consistency: str = "SERIAL",
         request_timeout_s: float = 5.0,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""

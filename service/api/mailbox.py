@@ -34,7 +34,7 @@ from service.domain.errors import (
     Unavailable,
 )
 from service.domain.ids import check_id
-from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxPage
+from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxEntry, MailboxPage
 from service.domain.ports import Clock, MembershipStore
 from service.gen.message_committer.v1 import mailbox_pb2 as pb
 from service.gen.message_committer.v1 import mailbox_pb2_grpc
@@ -84,6 +84,37 @@ def page_to_proto(page: MailboxPage) -> pb.SyncResponse:
         more=page.more,
         trim_watermark=page.trim_watermark,
         head=page.head,
+    )
+
+
+def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
+    """A SyncResponse as the client sees it (the inverse of ``page_to_proto``)."""
+    c = msg.next_cursor
+    entries = tuple(
+        MailboxEntry(
+            e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
+        )
+        for e in msg.events
+    )
+    return MailboxPage(
+        lane=c.lane,
+        entries=entries,
+        next_cursor=MailboxCursor(c.lane, c.epoch, c.seq),
+        more=msg.more,
+        trim_watermark=msg.trim_watermark,
+        head=msg.head,
+    )
+
+
+def sync_request(
+    tenant: str, user: str, cursor: MailboxCursor, limit: int = 0, max_bytes: int = 0
+) -> pb.SyncRequest:
+    return pb.SyncRequest(
+        tenant=tenant,
+        user=user,
+        cursor=pb.MailboxCursor(lane=cursor.lane, epoch=cursor.epoch, seq=cursor.seq),
+        limit=limit,
+        max_bytes=max_bytes,
     )
 
 

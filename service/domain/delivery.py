@@ -161,17 +161,23 @@ class OutboxPartitions(abc.ABC):
         """Dead letters in order from the token ``after`` ("" = start), and the next token."""
 
     @abc.abstractmethod
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        """Move the named dead letters back into the partition as new pending
+        entries (an operator action; mailboxes dedupe what was delivered
+        already). Returns how many were moved."""
+
+    @abc.abstractmethod
     async def relays(self, owner: str, ttl_ms: int) -> int:
         """Announce ``owner`` as a live relay for ``ttl_ms``; the number of live relays."""
 
     has_doorbell: bool = False
     """True when ``wait`` really waits for new entries (else the caller polls)."""
 
-    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> None:
-        """Return when one of these partitions may have entries its last claim
-        did not see, or after ``timeout_ms``. Only with ``has_doorbell``; the
-        default returns at once."""
-        return None
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        """Wait until some of these partitions may have entries their last claim
+        did not see, at most ``timeout_ms``; return those partitions (none after
+        a timeout). Only with ``has_doorbell``; the default returns them all at once."""
+        return partitions
 
     async def readiness(self) -> None:
         return None

@@ -5,6 +5,7 @@
     StoreError                   raised by a MessageStore / MembershipStore / Outbox
     ├── StoreUnavailable         the dependency did not answer (connection, timeout);
     │   ├── StoreOutcomeUnknown  a write was sent but its outcome is unknown
+    │   │   └── StoreNotReplicated  applied, but not on enough replicas yet
     │   ├── StoreWiped           the data is not this deployment's any more (wiped,
     │   │                        replaced, an empty replica promoted)
     │   └── StoreMisconfigured   a backend setting could lose ACKed data (eviction)
@@ -89,6 +90,11 @@ class StoreOutcomeUnknown(StoreUnavailable):
 
     Callers must re-read the durable state before deciding anything.
     """
+
+
+class StoreNotReplicated(StoreOutcomeUnknown):
+    """A write applied on the primary but too few replicas acknowledged it in time:
+    a failover now could lose it, so it is not yet an ACK (retry the same key)."""
 
 
 class StoreConflict(StoreError):

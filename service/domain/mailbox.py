@@ -259,12 +259,13 @@ def trim_cut(
     ``group_ends`` are (last seq, appended ms) of the lane's groups above the
     watermark, in seq order. Everything appended at or before ``now -
     retention`` goes, and the oldest groups go until at most ``max_entries``
-    remain; a cut is always at the end of a group.
+    remain, but never the newest group for the count (a group bigger than the
+    bound is still delivered); a cut is always at the end of a group.
     """
     cut = state.watermark
     for end, appended in group_ends:
         too_old = appended <= now_ms - retention_ms
-        too_many = state.head - cut > max_entries
+        too_many = state.head - cut > max_entries and end < state.head
         if not (too_old or too_many):
             break
         cut = end

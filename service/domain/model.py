@@ -426,7 +426,8 @@ class RecoveryStats:
     """The recovery queue at a glance (for gauges): no scan of intents needed."""
 
     oldest_unfinished_ms: int | None
-    """Creation time of the oldest unfinished intent (queued or quarantined)."""
+    """Creation time of the oldest unfinished intent still in the queue (the
+    quarantined ones have an alert of their own)."""
     quarantined: int
 
 

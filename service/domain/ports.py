@@ -233,8 +233,8 @@ class MessageStore(abc.ABC):
 
     @abc.abstractmethod
     async def recovery_stats(self) -> RecoveryStats:
-        """The oldest unfinished intent's creation time and the quarantine size,
-        from the indexes alone."""
+        """The oldest queued (not quarantined) intent's creation time and the
+        quarantine size, from the indexes alone."""
 
     @abc.abstractmethod
     async def history_page(self, query: HistoryQuery) -> HistoryPage:

@@ -150,6 +150,8 @@ class DeadLetter:
     entry: OutboxEntry
     problem: str
     attempts: int = 0
+    letter: str = ""
+    """Its id in the partition's dead-letter list (set when read back)."""
 
 
 @dataclass(frozen=True, slots=True)

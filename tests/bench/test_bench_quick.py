@@ -97,12 +97,68 @@ def _run(tmp_path: Path, *argv: str) -> dict[str, Any]:
     return document
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC), f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
 @pytest.mark.slow
 def test_quick_bench_on_memory(tmp_path: Path) -> None:
-    document = _run(tmp_path, "--backend", "memory")
+    document = _run(tmp_path, "--backend", "memory", "--plot", str(tmp_path / "bench.png"))
     _check_document(document, "memory")
     names = {t["name"] for t in document["targets"]}
     assert any("gRPC floor" in n for n in names)
+    assert document["settings"]["event_loop"] == "uvloop"  # auto, with the extra installed
+    width, height = _png_size(tmp_path / "bench.png")
+    assert width > 1000 and height > 400
+    again = tmp_path / "again.png"
+    assert main(["--plot", str(again), "--from-json", str(tmp_path / "bench.json")]) == 0
+    assert _png_size(again) == (width, height)
+
+
+@pytest.mark.slow
+def test_compare_loops_runs_both_loops_in_one_run(tmp_path: Path) -> None:
+    document = _run(
+        tmp_path,
+        "--backend",
+        "memory",
+        "--compare-loops",
+        "--rounds",
+        "2",
+        "--workloads",
+        "fresh",
+        "--no-floors",
+        "--serial-commits",
+        "0",
+        "--plot",
+        str(tmp_path / "loops.png"),
+    )
+    loops = document["event_loops"]["memory"]
+    for loop in ("asyncio", "uvloop"):
+        for phase in ("grpc-floor", "fresh"):
+            assert len(loops[loop][phase]["round_ops_per_s"]) == 2
+            assert loops[loop][phase]["ok"] > 0
+    for phase in ("grpc-floor", "fresh"):
+        _non_negative(loops["uvloop_over_asyncio"][phase], phase)
+    assert document["backends"]["memory"]["phases"]["fresh"] == loops["uvloop"]["fresh"]
+    assert _png_size(tmp_path / "loops.png")[0] > 1000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backend", "memory", "--plot", "figures.svg"],
+        ["--from-json", "bench.json"],
+        ["--quick"],
+    ],
+)
+def test_bad_plot_arguments_exit_2(argv: list[str]) -> None:
+    assert main(argv) == 2
 
 
 @pytest.mark.slow

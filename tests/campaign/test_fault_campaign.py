@@ -37,6 +37,16 @@ def test_memory_campaign(capsys: pytest.CaptureFixture[str]) -> None:
         assert any(k.startswith(f"call {call} ") for k in fired), call
     assert {"call reserve fail", "call reserve lose_reply", "call reserve hang"} <= fired
     assert "recovery run" in fired and "error IdempotencyConflict" in fired
+    for bad_day in (
+        "bad day: poison intent",
+        "bad day: send via a skewed replica",
+        "bad day: retention passed unfinished intents",
+        "quarantined",
+        "operator retried a quarantined intent",
+        "check: an outsider's history read refused",
+        "call put_record refuse",
+    ):
+        assert bad_day in fired, bad_day
 
 
 @pytest.mark.redis
@@ -44,7 +54,13 @@ def test_redis_campaign(redis_url: str, capsys: pytest.CaptureFixture[str]) -> N
     code = main(["--backend", "redis", "--seeds", str(REDIS_SEEDS), "--redis-url", redis_url])
     out = capsys.readouterr().out
     assert (code, _verdict(out)) == (0, 0), out
-    assert "crash M-COMMIT-04" in _fired(out)
+    fired = _fired(out)
+    assert "crash M-COMMIT-04" in fired
+    for bad_day in (
+        "bad day: eviction policy refused",
+        "bad day: lost deployment identity refused",
+    ):
+        assert bad_day in fired, bad_day
 
 
 @pytest.mark.scylla

@@ -150,6 +150,30 @@ async def test_a_failed_or_lost_store_reply_converges_or_says_recoverable(
     assert await check_invariants(backend, ledger) == []
 
 
+@pytest.mark.parametrize("operation", ["put_record", "mark_published_and_committed"])
+async def test_a_store_that_refuses_mid_commit_is_never_turned_into_an_ack(
+    harness: Harness, operation: str
+) -> None:
+    """Recoverable, never a success (seed 000): a store refusing the data mid-commit
+    (corrupt, a vanished conversation) stops the commit; the intent stays unfinished."""
+    backend = await harness.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    faulty = FaultyStore(backend.store)
+    faulty.inject(operation, CallFault.REFUSE)
+    if not backend.store.atomic_publish_commit and operation == "mark_published_and_committed":
+        faulty.inject("mark_outbox_published", CallFault.REFUSE)  # the two-step path's first
+    c = MessageCommitter(faulty, backend.membership, backend.outbox, limits=NO_QUOTA)
+    req = send(tenant)
+    with pytest.raises(Recoverable) as stopped:
+        await c.commit_send(req)
+    assert stopped.value.key == req.key and stopped.value.cause == "StoreCorrupt"
+    loaded = await backend.store.load_commit(req.key, "c1")
+    assert isinstance(loaded, InProgress)  # not committed, and no ACK was given
+    ack = await c.commit_send(req)  # healed: the same key finishes it
+    assert await backend.store.load_commit(req.key, "c1") == Committed(ack)
+
+
 @pytest.mark.parametrize("fault", [CallFault.FAIL, CallFault.LOSE_REPLY])
 async def test_an_outbox_failure_converges_with_at_least_once_delivery(
     harness: Harness, fault: CallFault

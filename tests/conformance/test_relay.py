@@ -227,7 +227,9 @@ async def test_a_crash_at_any_relay_point_converges_exactly_once(
     bob = await inbox(backend, box(tenant, "bob"))
     assert sorted(bob) == sorted(c1 + c2) and len(set(bob)) == 8, point
     if point is RelayPoint.AFTER_FANOUT:  # every write of A's batch happened: B confirms it
-        assert seen.verdicts[Verdict.ACCEPTED] > 0 and seen.verdicts[Verdict.REJECTED] == 0
+        # (a backend that keeps no durable "sending" list, Scylla, also reconciles
+        # entries nobody had claimed yet: those are rejected, and written)
+        assert seen.verdicts[Verdict.ACCEPTED] > 0
     if point in (RelayPoint.AFTER_CLAIM, RelayPoint.MID_FANOUT):  # B writes what is missing
         assert seen.verdicts[Verdict.REJECTED] > 0
 
@@ -264,6 +266,15 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     assert "StoreUnavailable" in letter.problem
     await drain(backend, "relay-a", clock)  # a dead letter is never picked up again
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 1)]
+    parts = ports(backend).partitions
+    partition = ""
+    for name in parts.partitions():
+        if (await parts.dead_letters(name, "", 100))[0]:
+            partition = name
+    assert await parts.requeue(partition, [letter.letter, "no-such-letter"]) == 1
+    assert (await parts.dead_letters(partition, "", 100))[0] == []
+    await drain(backend, "relay-a", clock)  # the operator fixed the cause: delivered now
+    assert await inbox(backend, box(tenant, "bob")) == [("c1", 1), ("c1", 2)]
 
 
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:

@@ -166,11 +166,19 @@ def locked() -> dict[str, tuple[str, int]]:
     return pins
 
 
+IMAGE_EXTRAS = ("otel", "uvloop")
+"""Extras the image ships: tracing works in it as soon as OTEL_EXPORTER_OTLP_ENDPOINT
+is set, and serve runs on uvloop (docs/operating.md, "Tracing and logs")."""
+
+
 def test_lock_pins_every_runtime_dependency_with_hashes() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = locked()
     assert pins, "requirements.lock pins nothing"
-    for spec in project["dependencies"]:
+    shipped = list(project["dependencies"])
+    for extra in IMAGE_EXTRAS:
+        shipped += project["optional-dependencies"][extra]
+    for spec in shipped:
         req = Requirement(spec)
         name = str(canonicalize_name(req.name))
         assert name in pins, f"{req.name} is a runtime dependency but not in requirements.lock"
@@ -182,6 +190,15 @@ def test_lock_pins_every_runtime_dependency_with_hashes() -> None:
 
 def test_lock_holds_no_development_tools() -> None:
     assert not DEV_ONLY & set(locked()), "requirements.lock is runtime-only"
+    assert "matplotlib" not in locked(), "the plot extra is for operators' machines, not the image"
+
+
+def test_lock_is_compiled_with_the_image_extras() -> None:
+    """Regenerating it as docs/operating.md says keeps the extras in (pip-compile's header)."""
+    header = (ROOT / "requirements.lock").read_text().split("\n\n", 1)[0]
+    for extra in IMAGE_EXTRAS:
+        assert f"--extra={extra}" in header, extra
+    assert all(f"--extra {e}" in (ROOT / "docs" / "operating.md").read_text() for e in IMAGE_EXTRAS)
 
 
 # --- the build context --------------------------------------------------------------

@@ -13,7 +13,7 @@ from service.bootstrap import BackendUnreachable, build_server, open_backend
 from service.client import CommitClient
 from service.domain.model import HistoryQuery
 from tests.e2e.conftest import BASE_CONFIG, health_watch, http_get
-from tests.servers.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer, initialise_prefix
 from tests.support import send, unique
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
@@ -31,6 +31,7 @@ async def test_health_follows_redis_down_and_up(own_redis_server: RedisServer) -
         readiness_interval=0.1,
         readiness_timeout=0.5,
     )
+    await initialise_prefix(config.redis_url, config.redis_prefix)
     backend = await open_backend(config)
     assert backend.durable
     server = build_server(config, backend)

@@ -97,7 +97,10 @@ async def test_every_rpc_round_trips(chat: Running) -> None:
 
     back = await client.history(history(limit=2))
     assert [r.seq for r in back.records] == [3, 2] and back.next_anchor == 2
-    assert back.records[0].content == custom and back.records[0].reply_to == "msg-1"
+    assert (
+        back.records[0].content == custom
+        and back.records[0].reply_to == "01a22a20-5697-7d07-b8d6-97d3bdc6084c"
+    )
     assert back.records[1].content == image
     rest = await client.history(history(limit=2, anchor_seq=back.next_anchor))
     assert [r.seq for r in rest.records] == [1] and rest.next_anchor == 0

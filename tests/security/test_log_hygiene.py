@@ -11,12 +11,18 @@ subprocess at DEBUG: with a wrong Redis password (start-up fails), with the
 right one (a session, then SIGTERM), and on the CQL backend with a user and
 password (against the real node, and against a port where nothing listens).
 Its whole stdout and stderr is searched as well.
+
+Every case runs in both log formats (``MC_LOG_FORMAT=text|json``): in JSON
+every line must parse as one object with the required keys, and in both no
+line at INFO or above may name a sender or a client message id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import socket
 import subprocess
 import uuid
@@ -35,10 +41,11 @@ from service.domain.faults import FaultPoint, FaultPoints
 from service.domain.ports import Backend
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2 as mpb
+from service.logformat import REQUIRED_KEYS, JsonFormatter
 from tests.e2e.conftest import BASE_CONFIG, eventually, health_check, http_get
 from tests.e2e.process import ServeProcess, run_cli
 from tests.security.conftest import Failure, invoke, unique_tenant
-from tests.servers.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer, initialise_now, initialise_prefix
 from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +57,11 @@ CQL_PASSWORD = f"cql-pass-{TAG}"
 BODY = "SECRET-BODY-"
 URI = "SECRET-URI-"
 STEP_TIMEOUT_S = 15.0
+LOG_FORMATS = ("text", "json")
+LEVELS = logging.getLevelNamesMapping()
+IDENTIFIERS: set[str] = set()
+"""Every sender and cmid the sessions used (user() and cmid_of() add them)."""
+_TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ([A-Z]+) (\S+): ")
 
 
 def redis_url(port: int, password: str) -> str:
@@ -82,7 +94,13 @@ class Seen:
         return [s for s in secrets if any(s.encode() in t for t in self.texts)]
 
 
-def _log_text(record: logging.LogRecord) -> str:
+def _log_line(record: logging.LogRecord, log_format: str) -> str:
+    """``record`` as ``serve`` would write it in ``log_format`` (JSON: checked to parse)."""
+    if log_format == "json":
+        line = JsonFormatter().format(record)
+        parsed = json.loads(line)
+        assert set(REQUIRED_KEYS) <= set(parsed), line
+        return line
     formatter = logging.Formatter()
     parts = [record.name, record.getMessage()]
     if record.exc_info:
@@ -96,14 +114,25 @@ def body(n: int) -> bytes:
     return f"{BODY}{n}-{TAG}".encode()
 
 
+def user(name: str) -> str:
+    """A distinctive user id (a sender must not be found in a log line by chance)."""
+    IDENTIFIERS.add(f"{name}-{TAG[:8]}")
+    return f"{name}-{TAG[:8]}"
+
+
+def cmid_of(name: str) -> str:
+    IDENTIFIERS.add(f"{name}-{TAG}")
+    return f"{name}-{TAG}"
+
+
 def send(tenant: str, cmid: str, content: bytes, sender: str = "alice") -> pb.CommitRequest:
     return pb.CommitRequest(
         send=pb.AuthenticatedSend(
             tenant=tenant,
-            sender=sender,
+            sender=user(sender),
             device="phone",
             conversation="c1",
-            client_message_id=cmid,
+            client_message_id=cmid_of(cmid),
             content=pb.MessageContent(message_type=pb.MESSAGE_TYPE_TEXT, inline_body=content),
         )
     )
@@ -137,9 +166,49 @@ async def _readiness(session: Session, http: str) -> str:
     return f"{status} {text}"
 
 
+@dataclass(frozen=True)
+class Line:
+    level: int
+    logger: str
+    text: str
+
+
+def parse_output(output: str, log_format: str) -> list[Line]:
+    """The records in what ``serve`` wrote; JSON: every line must be one object."""
+    lines: list[Line] = []
+    for raw in output.splitlines():
+        if log_format == "json":
+            parsed = json.loads(raw)
+            assert isinstance(parsed, dict), raw
+            assert all(isinstance(parsed.get(k), str) for k in REQUIRED_KEYS), raw
+            level = LEVELS[parsed["level"]]
+            lines.append(Line(level, parsed["logger"], raw))
+            continue
+        match = _TEXT_LINE.match(raw)
+        if match:
+            lines.append(Line(LEVELS[match[1]], match[2], raw))
+        elif lines:  # a traceback's continuation belongs to the record above
+            last = lines.pop()
+            lines.append(Line(last.level, last.logger, last.text + "\n" + raw))
+        else:
+            lines.append(Line(logging.ERROR, "", raw))  # e.g. a start-up error
+    return lines
+
+
+def identifiers_at_info(lines: list[Line]) -> list[str]:
+    """Lines at INFO or above (pending loggers aside) that name a sender or a cmid."""
+    assert IDENTIFIERS, "no identifier was used: the check would be empty"
+    return [
+        line.text
+        for line in lines
+        if line.level >= logging.INFO and any(i in line.text for i in IDENTIFIERS)
+    ]
+
+
 @pytest.mark.redis
+@pytest.mark.parametrize("log_format", LOG_FORMATS)
 async def test_a_session_with_failures_leaks_nothing(
-    guarded_redis: RedisServer, caplog: pytest.LogCaptureFixture
+    guarded_redis: RedisServer, caplog: pytest.LogCaptureFixture, log_format: str
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = redis_url(guarded_redis.port, PASSWORD)
@@ -151,7 +220,9 @@ async def test_a_session_with_failures_leaks_nothing(
         readiness_interval=0.1,
         readiness_timeout=0.5,
         log_level="DEBUG",
+        log_format=log_format,
     )
+    await initialise_prefix(url, config.redis_prefix)
     opened = await open_backend(config)
     store, outbox = FaultyStore(opened.store), FaultyOutbox(opened.outbox)
     backend = Backend(
@@ -162,6 +233,7 @@ async def test_a_session_with_failures_leaks_nothing(
         durable=opened.durable,
         closers=opened.closers,
         requests=opened.requests,
+        delivery=opened.delivery,
     )
     faults = FaultPoints()
     server = build_server(config, backend, faults=faults)
@@ -185,7 +257,7 @@ async def test_a_session_with_failures_leaks_nothing(
             await s.ok(
                 "CreateConversation",
                 mpb.CreateConversationRequest(
-                    tenant=t, conversation="c1", members=["alice", "bob"]
+                    tenant=t, conversation="c1", members=[user("alice"), user("bob")]
                 ),
             )
             await s.ok("Commit", send(t, "m-1", body(1)))
@@ -213,14 +285,14 @@ async def test_a_session_with_failures_leaks_nothing(
             faults.arm(FaultPoint.AFTER_PUT_RECORD)
             await s.fails("Commit", send(t, "m-6", body(6)), grpc.StatusCode.INTERNAL)
             resume = pb.ResumeRequest(
-                tenant=t, sender="alice", client_message_id="m-6", conversation="c1"
+                tenant=t, sender=user("alice"), client_message_id=cmid_of("m-6"), conversation="c1"
             )
             await s.ok("Resume", resume)
             # A lost reply: the committer re-reads and converges.
             store.inject("mark_published_and_committed", CallFault.LOSE_REPLY)
             await s.ok("Commit", send(t, "m-7", body(7)))
             page = await s.ok(
-                "History", pb.HistoryRequest(tenant=t, conversation="c1", actor="bob")
+                "History", pb.HistoryRequest(tenant=t, conversation="c1", actor=user("bob"))
             )
             assert isinstance(page, pb.HistoryResponse) and len(page.page.records) == 4
 
@@ -229,7 +301,7 @@ async def test_a_session_with_failures_leaks_nothing(
             await eventually(not_ready, STEP_TIMEOUT_S)
             assert (await _readiness(s, http)).startswith("503 redis backend not ready")
             await s.fails("Commit", send(t, "m-8", body(8)), grpc.StatusCode.UNAVAILABLE)
-            history = pb.HistoryRequest(tenant=t, conversation="c1", actor="bob")
+            history = pb.HistoryRequest(tenant=t, conversation="c1", actor=user("bob"))
             await s.fails("History", history, grpc.StatusCode.UNAVAILABLE)
             await asyncio.to_thread(guarded_redis.start)
             await asyncio.to_thread(require_password, guarded_redis, PASSWORD)
@@ -240,11 +312,15 @@ async def test_a_session_with_failures_leaks_nothing(
     finally:
         await server.stop(grace_s=0.5)
 
+    lines = []
     for record in caplog.records:
-        seen.add(_log_text(record))
+        text = _log_line(record, log_format)
+        seen.add(text)
+        lines.append(Line(record.levelno, record.name, text))
     assert len(caplog.records) > 5, "nothing was logged: the capture is not working"
     assert any("readiness" in r.getMessage() for r in caplog.records)
     assert seen.forbidden(PASSWORD, url, BODY, URI, "redis://") == []
+    assert identifiers_at_info(lines) == []
 
 
 @dataclass(frozen=True)
@@ -260,15 +336,17 @@ def serve_once(args: list[str], env: dict[str, str]) -> Run:
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("log_format", LOG_FORMATS)
 def test_serve_with_a_wrong_redis_password_fails_without_leaking(
-    guarded_redis: RedisServer,
+    guarded_redis: RedisServer, log_format: str
 ) -> None:
     url = redis_url(guarded_redis.port, WRONG_PASSWORD)
     run = serve_once(
         ["--backend", "redis", "--log-level", "DEBUG", "--grpc-address", "127.0.0.1:0"],
-        {"MC_REDIS_URL": url, "MC_HTTP_ADDRESS": "127.0.0.1:0"},
+        {"MC_REDIS_URL": url, "MC_HTTP_ADDRESS": "127.0.0.1:0", "MC_LOG_FORMAT": log_format},
     )
     assert run.code == 3, run.output
+    parse_output(run.output, log_format)
     assert "cannot open the redis backend (1 host)" in run.output
     for secret in (WRONG_PASSWORD, url, "redis://", str(guarded_redis.port)):
         assert secret not in run.output, f"serve printed {secret!r}"
@@ -281,7 +359,9 @@ async def _serve_session(target: str, tenant: str) -> list[bytes]:
         s = Session(channel, Seen(seen))
         await s.ok(
             "CreateConversation",
-            mpb.CreateConversationRequest(tenant=tenant, conversation="c1", members=["alice"]),
+            mpb.CreateConversationRequest(
+                tenant=tenant, conversation="c1", members=[user("alice")]
+            ),
         )
         for n in (11, 12, 13):
             await s.ok("Commit", send(tenant, f"p-{n}", body(n)))
@@ -295,21 +375,36 @@ async def _serve_session(target: str, tenant: str) -> list[bytes]:
     return seen
 
 
-def _serve_and_stop(args: list[str], env: dict[str, str]) -> tuple[str, list[bytes]]:
-    process = ServeProcess(["--log-level", "DEBUG", *args], env=env)
+def _serve_and_stop(
+    args: list[str], env: dict[str, str], log_format: str
+) -> tuple[str, list[bytes]]:
+    """A session against ``serve`` at DEBUG in ``log_format``; its whole output
+    (every line checked to parse as JSON in that format, none naming a sender or
+    a cmid at INFO or above) and what the caller was answered."""
+    process = ServeProcess(["--log-level", "DEBUG", "--log-format", log_format, *args], env=env)
     try:
         seen = asyncio.run(asyncio.wait_for(_serve_session(process.target, unique_tenant()), 60))
         assert process.terminate() == 0
-        return process.log(), seen
+        log = process.log()
     finally:
         process.close()
+    lines = parse_output(log, log_format)
+    assert len(lines) > 3, log
+    assert identifiers_at_info(lines) == []
+    return log, seen
 
 
 @pytest.mark.redis
-def test_serve_on_redis_with_a_password_logs_no_secret(guarded_redis: RedisServer) -> None:
+@pytest.mark.parametrize("log_format", LOG_FORMATS)
+def test_serve_on_redis_with_a_password_logs_no_secret(
+    guarded_redis: RedisServer, log_format: str
+) -> None:
     url = redis_url(guarded_redis.port, PASSWORD)
+    initialise_now(url, f"mc-sec-{TAG}")
     log, answers = _serve_and_stop(
-        ["--backend", "redis"], {"MC_REDIS_URL": url, "MC_REDIS_PREFIX": f"mc-sec-{TAG}"}
+        ["--backend", "redis"],
+        {"MC_REDIS_URL": url, "MC_REDIS_PREFIX": f"mc-sec-{TAG}"},
+        log_format,
     )
     assert "backend redis opened (1 host(s))" in log and "DEBUG" in log
     for secret in (PASSWORD, url, "redis://", BODY):
@@ -318,8 +413,9 @@ def test_serve_on_redis_with_a_password_logs_no_secret(guarded_redis: RedisServe
 
 
 @pytest.mark.scylla
+@pytest.mark.parametrize("log_format", LOG_FORMATS)
 def test_serve_on_scylla_with_a_password_logs_no_secret(
-    cql_contact: tuple[str, int], cql_keyspace: str
+    cql_contact: tuple[str, int], cql_keyspace: str, log_format: str
 ) -> None:
     host, port = cql_contact
     env = {"MC_SCYLLA_PASSWORD": CQL_PASSWORD, "MC_SCYLLA_USERNAME": "mc-user"}
@@ -333,7 +429,7 @@ def test_serve_on_scylla_with_a_password_logs_no_secret(
         "--scylla-keyspace",
         cql_keyspace,
     ]
-    log, answers = _serve_and_stop(args, env)
+    log, answers = _serve_and_stop(args, env, log_format)
     assert "backend scylla opened (1 host(s))" in log and "DEBUG" in log
     for secret in (CQL_PASSWORD, BODY):
         assert secret not in log, f"serve logged {secret!r}"
@@ -341,7 +437,8 @@ def test_serve_on_scylla_with_a_password_logs_no_secret(
 
 
 @pytest.mark.scylla
-def test_serve_with_an_unreachable_cql_node_fails_without_leaking() -> None:
+@pytest.mark.parametrize("log_format", LOG_FORMATS)
+def test_serve_with_an_unreachable_cql_node_fails_without_leaking(log_format: str) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -360,9 +457,14 @@ def test_serve_with_an_unreachable_cql_node_fails_without_leaking() -> None:
             "--http-address",
             "127.0.0.1:0",
         ],
-        {"MC_SCYLLA_USERNAME": "mc-user", "MC_SCYLLA_PASSWORD": CQL_PASSWORD},
+        {
+            "MC_SCYLLA_USERNAME": "mc-user",
+            "MC_SCYLLA_PASSWORD": CQL_PASSWORD,
+            "MC_LOG_FORMAT": log_format,
+        },
     )
     assert run.code == 3, run.output
+    parse_output(run.output, log_format)
     assert CQL_PASSWORD not in run.output
 
 

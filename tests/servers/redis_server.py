@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import importlib
+import itertools
 import os
 import shutil
 import signal
@@ -32,17 +33,20 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from redis import Redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
 
 from backends.redis import open_link, open_redis_backend
 from backends.redis.deployment import initialise
 from backends.redis.keys import KeySpace
+from backends.redis.link import parse_url
 from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
@@ -76,13 +80,14 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """One redis-server process on 127.0.0.1, its data in a temp directory."""
 
-    def __init__(self, executable: str | None = None) -> None:
+    def __init__(self, executable: str | None = None, extra_args: Sequence[str] = ()) -> None:
         found = executable or shutil.which("redis-server")
         if found is None:
             raise RedisServerMissing(
                 f"redis-server is not installed: apt-get install -y redis-server (or set {ENV_URL})"
             )
         self.executable = found
+        self.extra_args = list(extra_args)
         self.directory = Path(tempfile.mkdtemp(prefix="mc-redis-"))
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -129,6 +134,7 @@ class RedisServer:
             "no",
             "--logfile",
             str(self.directory / "redis.log"),
+            *self.extra_args,
         ]
         self._process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -216,7 +222,7 @@ def redis_url() -> Iterator[str]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
-    _initialise_now(server.url)
+    initialise_now(server.url)
     try:
         yield server.url
     finally:
@@ -232,14 +238,14 @@ def own_redis_server() -> Iterator[RedisServer]:
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     server.start()
-    _initialise_now(server.url)
+    initialise_now(server.url)
     try:
         yield server
     finally:
         server.close()
 
 
-def _initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
+def initialise_now(url: str, prefix: str = DEFAULT_PREFIX) -> None:
     """``initialise_prefix`` from synchronous code, even with a loop running (a
     synchronous fixture fetched by an async one): in a thread of its own."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -306,15 +312,25 @@ class RedisHarness(Harness):
     def delete_keys(self) -> int:
         """Delete every key of this prefix (synchronously); returns how many."""
         deleted = 0
-        with Redis.from_url(self.url, socket_timeout=5) as client:
-            cursor = 0
-            for _ in range(MAX_CLEANUP_ROUNDS):
-                cursor, found = client.scan(cursor, match=f"{self.prefix}:*", count=500)
-                if found:
-                    deleted += int(client.delete(*found))
-                if cursor == 0:
-                    break
+        with sync_client(self.url) as client:
+            for key in itertools.islice(
+                client.scan_iter(match=f"{self.prefix}:*", count=500), MAX_CLEANUP_ROUNDS * 500
+            ):
+                deleted += int(client.delete(key))
         return deleted
+
+
+def sync_client(url: str) -> Any:
+    """A synchronous client of any topology the backend accepts (tests only)."""
+    address = parse_url(url)
+    untyped = cast(Callable[..., Any], ClusterNode)
+    if address.mode == "cluster":
+        nodes = [untyped(host, port) for host, port in address.hosts]
+        return RedisCluster(startup_nodes=nodes, password=address.password, socket_timeout=5)
+    if address.mode == "sentinel":
+        sentinel: Any = cast(Callable[..., Any], Sentinel)(list(address.hosts), socket_timeout=5)
+        return sentinel.master_for(address.master, db=address.db, password=address.password)
+    return Redis.from_url(url, socket_timeout=5)
 
 
 @pytest.fixture

@@ -1,21 +1,27 @@
 """``message-committer bench``: drive the service over real gRPC and report figures.
 
     message-committer bench --backend {memory,redis,scylla,all} [--quick] [--json PATH]
+        [--event-loop auto|asyncio|uvloop] [--compare-loops] [--plot FILE.png]
+    message-committer bench --plot FILE.png --from-json PATH     (draw a saved result)
 
 For each backend: start the real server in this process (or drive
 ``--target``), create the conversations, warm up, then run the floors and
 workloads one after another, each for ``--duration`` seconds or
 ``--requests`` calls, whichever ends first, from ``--clients`` processes with
 ``--concurrency`` streams in all. Prints one table per backend, the ratios
-and the targets, and writes everything to ``--json``. Exit code 0 when the
-run completed (1 with ``--check`` when a target failed), 1 when the bench
-could not run, 2 for bad arguments.
+and the targets, and writes everything to ``--json``; ``--plot`` draws
+throughput and latency per phase and backend (``toolkit.bench.plot``).
+``--event-loop`` picks the bench process's loop (the in-process server's),
+like ``serve``'s ``MC_EVENT_LOOP``; ``--compare-loops`` runs every round on
+asyncio and on uvloop in turn and reports uvloop/asyncio
+(``toolkit.bench.loops``). Exit code 0 when the run completed (1 with
+``--check`` when a target failed), 1 when the bench could not run, 2 for bad
+arguments.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import logging
@@ -25,9 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service import eventloop
+from service.config import EVENT_LOOPS, StartupError
+from toolkit.bench import loops
 from toolkit.bench.driver import BenchError, ClientPool
 from toolkit.bench.environment import BackendAddress, Environment, run_tag
-from toolkit.bench.report import BackendReport, backend_text, machine, to_json
+from toolkit.bench.report import BackendReport, backend_text, machine, merge_reports, to_json
 from toolkit.bench.runner import BackendBench, Progress
 from toolkit.bench.targets import check_targets, targets_text
 from toolkit.bench.workloads import Kind, Population
@@ -44,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        required=True,
+        default="",
         help="memory, redis, scylla, a comma-separated list of them, or all (run in turn)",
     )
     p.add_argument("--quick", action="store_true", help="a smoke run: ~0.5 s per phase")
@@ -64,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int, default=None, help="spread conversations (1000)")
     p.add_argument("--members", type=int, default=4, help="members per spread conversation")
     p.add_argument("--hot-members", type=int, default=64, help="members of the hot conversation")
+    p.add_argument(
+        "--big-members", type=int, default=None, help="members of each big conversation (100000)"
+    )
+    p.add_argument("--big-conversations", type=int, default=2, help="big conversations")
     p.add_argument("--dup-ratio", type=float, default=0.9, help="replay share of dupmix")
     p.add_argument("--conflict-ratio", type=float, default=0.5, help="conflict share of conflict")
     p.add_argument("--page-size", type=int, default=50, help="history page size")
@@ -72,6 +85,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=10.0, help="deadline of one RPC, seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    p.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=env("MC_EVENT_LOOP", "auto"),
+        help="loop of the in-process server (clients use asyncio's) [env MC_EVENT_LOOP; auto]",
+    )
+    p.add_argument(
+        "--compare-loops",
+        action="store_true",
+        help="run every round on asyncio and on uvloop, alternating; report uvloop/asyncio",
+    )
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="draw the figures")
+    p.add_argument(
+        "--from-json", type=Path, default=None, metavar="PATH", help="--plot a saved --json result"
+    )
     p.add_argument("--verbose", action="store_true", help="show the server's log")
     p.add_argument("--redis-url", default=env("MC_REDIS_URL", ""), help="[env MC_REDIS_URL]")
     p.add_argument("--scylla-contact-points", default=env("MC_SCYLLA_CONTACT_POINTS", ""))
@@ -81,6 +109,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> None:
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise SystemExit("bench: --plot writes a PNG: give FILE.png")
+    if args.from_json is not None:
+        if args.plot is None:
+            raise SystemExit("bench: --from-json needs --plot FILE.png")
+        return
+    if not args.backend:
+        raise SystemExit("bench: --backend is required (memory, redis, scylla, a list, or all)")
+    try:
+        args.loop_name = eventloop.resolve(args.event_loop)[0]
+        if args.compare_loops:
+            eventloop.resolve("uvloop")
+    except StartupError as exc:
+        raise SystemExit(f"bench: {exc}") from None
     quick = args.quick
     if args.duration is None:
         args.duration = 0.5 if quick else 5.0
@@ -92,13 +134,16 @@ def _settings(args: argparse.Namespace) -> None:
         args.rounds = 1 if quick else 3
     if args.conversations is None:
         args.conversations = 100 if quick else 1000
+    if args.big_members is None:
+        args.big_members = 2_000 if quick else 100_000
     kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in ALL_WORKLOADS]
     if unknown:
         raise SystemExit(f"bench: unknown workload(s) {', '.join(unknown)}")
     args.kinds = [Kind(k) for k in kinds]
     positive = ("concurrency", "clients", "duration", "body_bytes", "conversations", "members")
-    for name in (*positive, "hot_members", "page_size", "timeout", "rounds"):
+    for name in (*positive, "hot_members", "big_members", "big_conversations", "page_size",
+                 "timeout", "rounds"):  # fmt: skip
         if getattr(args, name) <= 0:
             raise SystemExit(f"bench: --{name.replace('_', '-')} must be positive")
     if args.requests < 0 or args.warmup < 0 or args.serial_commits < 0:
@@ -127,6 +172,8 @@ async def _bench_backend(
         spread_conversations=args.conversations,
         members=args.members,
         hot_members=args.hot_members,
+        big_conversations=args.big_conversations if Kind.BIG in args.kinds else 0,
+        big_members=args.big_members,
     )
     try:
         bench = BackendBench(args, target, pool, population, Progress())
@@ -136,13 +183,34 @@ async def _bench_backend(
             await pool.reset()  # close the channels before the server goes
         finally:
             await target.close()
-        env.close()  # free the CPU a throwaway redis or Cassandra would take from the next
         gc.collect()  # the next backend must not pay for collecting this one's heap
     report.notes.append(f"{args.concurrency} streams from {args.clients} client processes")
+    report.notes.append(f"server event loop: {eventloop.running_loop_name()}")
     return report
 
 
-async def _run(args: argparse.Namespace, backends: list[str]) -> dict[str, BackendReport]:
+def _compare_loops(
+    name: str, args: argparse.Namespace, env: Environment, pool: ClientPool, tag: str
+) -> dict[str, BackendReport]:
+    """Every round once per loop, taking turns; one merged report per loop."""
+    one_round = argparse.Namespace(**{**vars(args), "rounds": 1})
+    parts: dict[str, list[BackendReport]] = {loop: [] for loop in loops.LOOPS}
+    for number in range(args.rounds):
+        for loop in loops.round_order(number):
+            print(f"[{name}] round {number + 1}/{args.rounds} on {loop}", file=sys.stderr)
+            run = _bench_backend(name, one_round, env, pool, f"{tag}{number}{loop[:2]}")
+            parts[loop].append(eventloop.run(run, loop))
+    note = f"{args.rounds} runs of one round each, alternating loops (--compare-loops)"
+    return {loop: merge_reports(reports, note) for loop, reports in parts.items()}
+
+
+Compared = dict[str, dict[str, BackendReport]]
+
+
+def _run(
+    args: argparse.Namespace, backends: list[str]
+) -> tuple[dict[str, BackendReport], Compared]:
+    """Every backend in turn; with --compare-loops also each loop's report."""
     tag = run_tag()
     given = BackendAddress(
         redis_url=args.redis_url,
@@ -153,15 +221,24 @@ async def _run(args: argparse.Namespace, backends: list[str]) -> dict[str, Backe
     env = Environment(given, tag)
     pool = ClientPool(args.clients)
     reports: dict[str, BackendReport] = {}
+    compared: Compared = {}
     try:
         for name in backends:
-            reports[name] = await _bench_backend(name, args, env, pool, tag)
+            if args.compare_loops:
+                compared[name] = _compare_loops(name, args, env, pool, tag)
+                reports[name] = compared[name][args.loop_name]
+            else:
+                run = _bench_backend(name, args, env, pool, tag)
+                reports[name] = eventloop.run(run, args.event_loop)
+            env.close()  # free the CPU a throwaway redis or Cassandra would take from the next
             print("\n".join(backend_text(reports[name])), flush=True)
+            if name in compared:
+                print("\n".join(loops.comparison_text(name, compared[name])), flush=True)
             print(flush=True)
     finally:
         pool.close()
         env.close()
-    return reports
+    return reports, compared
 
 
 SECRET_FLAGS = ("--redis-url", "--scylla-contact-points")
@@ -204,10 +281,14 @@ def _json_settings(
         "conversations": args.conversations,
         "members": args.members,
         "hot_members": args.hot_members,
+        "big_members": args.big_members,
+        "big_conversations": args.big_conversations,
         "dup_ratio": args.dup_ratio,
         "conflict_ratio": args.conflict_ratio,
         "page_size": args.page_size,
         "workloads": [k.value for k in args.kinds],
+        "event_loop": args.loop_name,
+        "compare_loops": args.compare_loops,
         "backend_address_given": bool(args.redis_url or args.scylla_contact_points),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -221,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.from_json is not None:
+        return _plot(json.loads(args.from_json.read_text()), args.plot)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -229,18 +312,34 @@ def main(argv: list[str] | None = None) -> int:
     settings = _json_settings(args, argv, backends)
     info = machine()
     try:
-        reports = asyncio.run(_run(args, backends))
+        reports, compared = _run(args, backends)
     except BenchError as exc:
         print(f"bench failed: {exc}", file=sys.stderr)
         return 1
     checks = check_targets(reports)
     print("\n".join(targets_text(checks)))
     document = to_json(settings, reports, checks, info)
+    if compared:
+        document["event_loops"] = {n: loops.comparison_json(c) for n, c in compared.items()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     print(f"results written to {args.json}")
+    if args.plot is not None and _plot(document, args.plot):
+        return 1
     failed = any(c.passed is False for c in checks)
     return 1 if args.check and failed else 0
+
+
+def _plot(document: dict[str, Any], path: Path) -> int:
+    from toolkit.bench.plot import PlotError, draw  # matplotlib only when asked
+
+    try:
+        draw(document, path)
+    except PlotError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    print(f"figures drawn in {path}")
+    return 0
 
 
 if __name__ == "__main__":

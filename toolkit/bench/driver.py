@@ -32,6 +32,7 @@ import grpc
 from grpc import aio
 
 from toolkit.bench.workloads import (
+    ADD_MEMBERS,
     COMMIT,
     CREATE_CONVERSATION,
     HEALTH_CHECK,
@@ -371,25 +372,30 @@ async def create_population(
     """Create every conversation over gRPC; return how many were created.
 
     ALREADY_EXISTS counts as done (a rerun against the same tenant)."""
-    requests = list(population.create_requests())
     created = 0
     deadline = time.monotonic() + timeout_s
     async with aio.insecure_channel(target) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=10)
         create: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(CREATE_CONVERSATION)
-        queue = iter(requests)
+        add: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(ADD_MEMBERS)
 
-        async def one() -> None:
-            nonlocal created
-            for request in queue:
-                if time.monotonic() > deadline:
-                    raise BenchError("creating the conversations took too long")
-                try:
-                    await create(request, timeout=30)
-                except aio.AioRpcError as exc:
-                    if exc.code() is not grpc.StatusCode.ALREADY_EXISTS:
-                        raise BenchError(f"CreateConversation failed: {exc.code().name}") from exc
-                created += 1
+        async def all_of(method: aio.UnaryUnaryMultiCallable[bytes, bytes], requests: Any) -> None:
+            queue = iter(requests)
 
-        await asyncio.gather(*(one() for _ in range(concurrency)))
+            async def one() -> None:
+                nonlocal created
+                for request in queue:
+                    if time.monotonic() > deadline:
+                        raise BenchError("creating the conversations took too long")
+                    try:
+                        await method(request, timeout=60)
+                    except aio.AioRpcError as exc:
+                        if exc.code() is not grpc.StatusCode.ALREADY_EXISTS:
+                            raise BenchError(f"creating members failed: {exc.code().name}") from exc
+                    created += 1
+
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+
+        await all_of(create, list(population.create_requests()))
+        await all_of(add, list(population.add_requests()))  # the big ones, after they exist
     return created

@@ -42,6 +42,7 @@ from typing import Any
 
 from service.bootstrap import build_server, open_backend, tune_gc
 from service.config import ServiceConfig, StartupError
+from service.domain.errors import StoreError
 from service.domain.ports import Backend
 from service.server import CommitServer
 from toolkit.bench.driver import BenchError
@@ -120,6 +121,20 @@ def _load_file_module(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+async def _initialise_redis(url: str, prefix: str) -> None:
+    """What ``message-committer migrate --backend redis`` does for the bench's prefix."""
+    from backends.redis import open_link
+    from backends.redis.deployment import initialise
+
+    link = open_link(url)
+    try:
+        await initialise(link, prefix)
+    except StoreError as exc:
+        raise BenchError(f"cannot initialise the bench's redis prefix: {exc}") from None
+    finally:
+        await link.close()
 
 
 def _redis_server_module() -> ModuleType:
@@ -203,6 +218,7 @@ class Environment:
         )
         if backend == "redis":
             config = dataclasses.replace(config, redis_url=self.redis_url())
+            await _initialise_redis(config.redis_url, config.redis_prefix)
         elif backend == "scylla":
             where = await self.scylla()
             config = dataclasses.replace(

@@ -92,6 +92,14 @@ async def ensure_population(backend: Backend, population: Population) -> None:
     for conversation, members in wanted:
         with contextlib.suppress(StoreAlreadyExists):
             await backend.membership.create_conversation(p.tenant, conversation, members)
+    for i in range(p.big_conversations):
+        everyone = p.big_members_of(i)
+        with contextlib.suppress(StoreAlreadyExists):
+            await backend.membership.create_conversation(p.tenant, p.big(i), everyone[:10_000])
+        for start in range(10_000, len(everyone), 10_000):
+            await backend.membership.add_members(
+                p.tenant, p.big(i), everyone[start : start + 10_000]
+            )
 
 
 class StorageDriver:

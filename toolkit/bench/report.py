@@ -153,7 +153,11 @@ class BackendReport:
     server: str
     phases: dict[str, Phase] = field(default_factory=dict)
     redis_record: dict[str, Any] | None = None
+    footprint: dict[str, dict[str, int | None]] | None = None
+    """Bytes stored per unfinished intent and per committed message, small vs big."""
     notes: list[str] = field(default_factory=list)
+    rounds: dict[str, list[Round]] = field(default_factory=dict, repr=False)
+    """The raw rounds of every phase (not written to JSON; ``merge_reports`` uses them)."""
 
     def rate(self, name: str) -> float | None:
         phase = self.phases.get(name)
@@ -175,6 +179,7 @@ class BackendReport:
             "replay_over_fresh": phase_ratio(get("replay"), fresh),
             "storage_replay_over_fresh": phase_ratio(get("storage-replay"), get("storage-floor")),
             "hot_over_spread": phase_ratio(get("hot"), fresh),
+            "big_over_fresh": phase_ratio(get("big"), fresh),
             "p99_over_p50": fresh.tail_ratio if fresh is not None and fresh.ok else None,
         }
 
@@ -190,6 +195,21 @@ class BackendReport:
             "replay_over_fresh": cpu_ratio(get("replay"), get("fresh")),
             "hot_over_spread": cpu_ratio(get("hot"), get("fresh")),
         }
+
+
+def merge_reports(parts: Sequence[BackendReport], note: str) -> BackendReport:
+    """One report of several runs of one backend: each phase rebuilt from all their rounds."""
+    first = parts[0]
+    merged = BackendReport(first.backend, first.server, notes=[*first.notes, note])
+    for name, phase in first.phases.items():
+        rounds = [r for part in parts for r in part.rounds.get(name, [])]
+        merged.rounds[name] = rounds
+        merged.phases[name] = Phase.build(
+            name, phase.kind, phase.description, rounds, phase.server_cpu_measured
+        )
+    merged.redis_record = parts[-1].redis_record
+    merged.footprint = parts[-1].footprint
+    return merged
 
 
 def cpu_ratio(a: Phase | None, b: Phase | None) -> float | None:
@@ -278,6 +298,11 @@ def backend_text(report: BackendReport) -> list[str]:
         + " | hot/spread "
         + num(c["hot_over_spread"])
     )
+    for label, sizes in (report.footprint or {}).items():
+        lines.append(
+            f"stored bytes, {label} ({sizes.get('members')} members): unfinished intent "
+            f"{sizes.get('intent_bytes')} B, committed {sizes.get('committed_bytes')} B"
+        )
     rec = report.redis_record
     if rec:
         lines.append(
@@ -338,6 +363,7 @@ def to_json(
                 "ratios": r.ratios(),
                 "cpu_ratios": r.cpu_ratios(),
                 "redis_record": r.redis_record,
+                "footprint": r.footprint,
                 "notes": r.notes,
             }
             for name, r in reports.items()

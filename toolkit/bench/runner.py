@@ -185,10 +185,15 @@ class BackendBench:
                 text = DESCRIPTIONS[kind]
             in_here = self.target.server is not None or name in FLOOR_DESCRIPTIONS
             self.report.phases[name] = Phase.build(name, kind_name, text, measured, in_here)
+            self.report.rounds[name] = measured
         if self.target.server is None:
             self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
             self.report.notes.append("cost per op unavailable: pass --metrics-url")
+        if backend is not None and Kind.BIG in a.kinds:
+            from toolkit.bench.footprint import measure_footprint
+
+            self.report.footprint = await measure_footprint(backend, self.population, a.body_bytes)
         if self.target.backend == "redis" and self.target.redis_url:
             from backends.redis.sizing import measure_committed_record
 

@@ -103,6 +103,31 @@ def check_targets(reports: dict[str, BackendReport]) -> list[TargetCheck]:
         checks.append(
             _check(f"{name} fresh p99 <= 3 x p50", name, ratios["p99_over_p50"], "<=", 3.0)
         )
+        if "big" in report.phases:
+            checks.append(
+                _check(
+                    f"{name} big commits/s >= 0.8 x fresh (members: any number)",
+                    name,
+                    ratios["big_over_fresh"],
+                    ">=",
+                    0.8,
+                    cpu_ratio(report.phases.get("big"), report.phases.get("fresh")),
+                )
+            )
+        sizes = report.footprint or {}
+        small, big = sizes.get("fresh", {}), sizes.get("big", {})
+        grown = None
+        if isinstance(small.get("intent_bytes"), int) and isinstance(big.get("intent_bytes"), int):
+            grown = float(big["intent_bytes"] or 0) - float(small["intent_bytes"] or 0)
+        checks.append(
+            _check(
+                f"{name} bytes per unfinished intent, big minus small conversation <= 16",
+                name,
+                grown,
+                "<=",
+                16,
+            )
+        )
     if redis is not None:
         size = (redis.redis_record or {}).get("memory_usage_bytes")
         checks.append(

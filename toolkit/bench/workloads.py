@@ -6,7 +6,10 @@ parses only the responses it has to check. All ids come from one
 backend):
 
 * spread conversations ``s<i>`` with members ``s<i>.u<j>``;
-* one hot conversation ``hot`` with members ``hot.u<j>``.
+* one hot conversation ``hot`` with members ``hot.u<j>``;
+* big conversations ``b<i>`` with ``big_members`` members ``b<i>.u<j>``
+  (100,000 by default), created with the first 10,000 and grown by AddMembers
+  pages of 10,000, as a client of the API would.
 
 A sender rotates over a conversation's members, so the per-sender quota
 (50/s, burst 200 by default) is not what a workload measures.
@@ -27,6 +30,9 @@ from service.gen.message_committer.v1 import membership_pb2 as mpb
 COMMIT = "/message_committer.v1.MessageCommitterService/Commit"
 HISTORY = "/message_committer.v1.MessageCommitterService/History"
 CREATE_CONVERSATION = "/message_committer.v1.ConversationMembershipService/CreateConversation"
+ADD_MEMBERS = "/message_committer.v1.ConversationMembershipService/AddMembers"
+MEMBER_PAGE = 10_000
+"""Users per CreateConversation/AddMembers call (the API's limit)."""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 DEVICE = "d1"
 POOL_CAP = 50_000
@@ -42,6 +48,7 @@ class Kind(enum.StrEnum):
     DUPMIX = "dupmix"
     CONFLICT = "conflict"
     HOT = "hot"
+    BIG = "big"
     HISTORY = "history"
 
 
@@ -52,9 +59,10 @@ DESCRIPTIONS: dict[Kind, str] = {
     Kind.DUPMIX: "duplicate-heavy mix: replays of committed keys, the rest fresh",
     Kind.CONFLICT: "conflict mix: committed keys reused with other content, the rest fresh",
     Kind.HOT: "new sends, all to one conversation",
+    Kind.BIG: "new sends to the big conversations (100,000 members each by default)",
     Kind.HISTORY: "history pages of the hot conversation, newest to oldest, over and over",
 }
-COMMIT_KINDS = frozenset({Kind.FRESH, Kind.REPLAY, Kind.DUPMIX, Kind.CONFLICT, Kind.HOT})
+COMMIT_KINDS = frozenset({Kind.FRESH, Kind.REPLAY, Kind.DUPMIX, Kind.CONFLICT, Kind.HOT, Kind.BIG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,8 @@ class Population:
     spread_conversations: int = 1000
     members: int = 4
     hot_members: int = 64
+    big_conversations: int = 2
+    big_members: int = 100_000
 
     def spread(self, index: int) -> str:
         return f"s{index}"
@@ -77,13 +87,37 @@ class Population:
     def hot_member(self, member: int) -> str:
         return f"hot.u{member}"
 
+    def big(self, index: int) -> str:
+        return f"b{index}"
+
+    def big_member(self, index: int, member: int) -> str:
+        return f"b{index}.u{member}"
+
+    def big_members_of(self, index: int) -> list[str]:
+        return [self.big_member(index, j) for j in range(self.big_members)]
+
     def create_requests(self) -> Iterator[bytes]:
-        """CreateConversation requests for every conversation, hot first."""
+        """CreateConversation requests for every conversation, hot first; a big one
+        with its first page of members."""
         hot = [self.hot_member(j) for j in range(self.hot_members)]
         yield _create(self.tenant, self.hot, hot)
         for i in range(self.spread_conversations):
             members = [self.spread_member(i, j) for j in range(self.members)]
             yield _create(self.tenant, self.spread(i), members)
+        for i in range(self.big_conversations):
+            yield _create(self.tenant, self.big(i), self.big_members_of(i)[:MEMBER_PAGE])
+
+    def add_requests(self) -> Iterator[bytes]:
+        """AddMembers requests growing every big conversation to ``big_members``."""
+        for i in range(self.big_conversations):
+            everyone = self.big_members_of(i)
+            for start in range(MEMBER_PAGE, len(everyone), MEMBER_PAGE):
+                request = mpb.AddMembersRequest(
+                    tenant=self.tenant,
+                    conversation=self.big(i),
+                    members=everyone[start : start + MEMBER_PAGE],
+                )
+                yield request.SerializeToString()
 
 
 def _create(tenant: str, conversation: str, members: list[str]) -> bytes:
@@ -188,6 +222,11 @@ class Sends:
         p = self.population
         return self.fresh(p.hot, p.hot_member(self.rng.randrange(p.hot_members)))
 
+    def fresh_big(self) -> Call:
+        p = self.population
+        index = self.rng.randrange(max(1, p.big_conversations))
+        return self.fresh(p.big(index), p.big_member(index, self.rng.randrange(p.big_members)))
+
     def _remember(self, sent: _Sent) -> None:
         if len(self.pool) < POOL_CAP:
             self.pool.append(sent)
@@ -230,6 +269,8 @@ class Plan:
             return s.fresh_spread()
         if kind is Kind.HOT:
             return s.fresh_hot()
+        if kind is Kind.BIG:
+            return s.fresh_big()
         if kind is Kind.REPLAY:
             return s.replay()
         if kind is Kind.DUPMIX:

@@ -10,6 +10,9 @@ MC_REDIS_URL; a fresh key prefix per run) and ``scylla``
 (``--scylla-contact-points``/``--scylla-port``/``--scylla-keyspace`` or the
 MC_SCYLLA_* variables; the keyspace must be migrated). Every scenario uses
 its own tenant, so a campaign never touches other data.
+
+``--summary FILE.html`` (or ``.png``) also writes a one-page summary of what
+fired and what was checked (``toolkit.summary``).
 """
 
 from __future__ import annotations
@@ -18,17 +21,30 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from backends.memory import open_memory_backend
 from service.domain.ports import Backend, ManualClock
 from toolkit.campaign.scenario import BackendFaults, run_scenario
+from toolkit.summary import Check, RunSummary, SummaryError, write_summary
 
 Opener = Callable[[], Awaitable[Backend]]
+INVARIANTS = {
+    "1": "1. every ACK is in history once, at its seq, with its whole record, and in the outbox",
+    "2": "2. no sequence number of a conversation is given to two messages",
+    "3": "3. every ACK for one key is identical",
+    "4": "4. a key reused with a different request is never ACKed",
+    "5": "5. recovery with faults off finishes every key ever sent (quarantine released)",
+    "6": "6. no history record exists without its intent",
+}
+"""DESIGN section 7, as toolkit.campaign.invariants numbers its violation lines."""
+_VIOLATION = re.compile(r"^seed (-?\d+): (\d+):")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--first-seed", type=int, default=0, help="the first seed")
     p.add_argument("--steps", type=int, default=None, help="steps per scenario (default: drawn)")
     p.add_argument("--verbose", action="store_true", help="log every recoverable stop")
+    p.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        metavar="FILE.html|FILE.png",
+        help="also write a summary of what fired and what was checked",
+    )
     p.add_argument("--redis-url", default=os.environ.get("MC_REDIS_URL", ""))
     p.add_argument(
         "--scylla-contact-points", default=os.environ.get("MC_SCYLLA_CONTACT_POINTS", "")
@@ -92,6 +115,7 @@ def _opener(args: argparse.Namespace, clock: ManualClock) -> tuple[Opener, bool]
             username=os.environ.get("MC_SCYLLA_USERNAME") or None,
             password=os.environ.get("MC_SCYLLA_PASSWORD") or None,
             clock=clock,
+            max_clock_skew_ms=None,  # the campaign's manual clock is far from the cluster's
         )
 
     return scylla, False
@@ -106,9 +130,15 @@ def _backend_faults(args: argparse.Namespace, backend: Backend) -> BackendFaults
 
 
 async def run_campaign(
-    args: argparse.Namespace, first: int, count: int, steps: int | None
+    args: argparse.Namespace,
+    first: int,
+    count: int,
+    steps: int | None,
+    lines: list[str] | None = None,
 ) -> tuple[int, Counter[str], int]:
-    """Run the seeds; return (violations, fired fault kinds, acks checked)."""
+    """Run the seeds; return (violations, fired fault kinds, acks checked).
+
+    Each violation line is printed and, when ``lines`` is given, added to it."""
     clock = ManualClock()
     open_backend, fresh_per_seed = _opener(args, clock)
     violations, acks = 0, 0
@@ -126,6 +156,8 @@ async def run_campaign(
             acks += result.acks
             for line in result.violations:
                 print(f"VIOLATION {line}", flush=True)
+                if lines is not None:
+                    lines.append(line)
             violations += len(result.violations)
     finally:
         if shared is not None:
@@ -133,14 +165,51 @@ async def run_campaign(
     return violations, fired, acks
 
 
+def summarise(
+    args: argparse.Namespace, fired: Counter[str], lines: list[str], acks: int, elapsed: float
+) -> RunSummary:
+    """What this campaign fired and checked, as plain data for toolkit.summary."""
+    per_invariant: Counter[str] = Counter()
+    failing: list[str] = []
+    for line in lines:
+        match = _VIOLATION.match(line)
+        number = match.group(2) if match else "?"
+        per_invariant[number if number in INVARIANTS else "?"] += 1
+        seed = f"seed {match.group(1)}" if match else "?"
+        if seed not in failing:
+            failing.append(seed)
+    checks = [Check(text, per_invariant[n]) for n, text in INVARIANTS.items()]
+    if per_invariant["?"]:
+        checks.append(Check("violations of no numbered invariant", per_invariant["?"]))
+    last = args.first_seed + args.seeds - 1
+    return RunSummary(
+        title=f"fault campaign on {args.backend}",
+        fired=dict(fired),
+        checks=checks,
+        facts={
+            "backend": args.backend,
+            "seeds": f"{args.first_seed}..{last} ({args.seeds})",
+            "steps per scenario": str(args.steps) if args.steps is not None else "drawn (10-40)",
+            "ACKs checked": str(acks),
+            "elapsed": f"{elapsed:.1f} s",
+            "replay one seed": f"--first-seed S --seeds 1 --backend {args.backend}",
+        },
+        violations=lines,
+        failing=failing,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.seeds < 1:
         raise SystemExit("fault-campaign: --seeds must be at least 1")
+    if args.summary is not None and args.summary.suffix.lower() not in (".html", ".png"):
+        raise SystemExit("fault-campaign: --summary is FILE.html or FILE.png")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR)
     started = time.monotonic()
+    lines: list[str] = []
     violations, fired, acks = asyncio.run(
-        run_campaign(args, args.first_seed, args.seeds, args.steps)
+        run_campaign(args, args.first_seed, args.seeds, args.steps, lines)
     )
     elapsed = time.monotonic() - started
     print(
@@ -150,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     print("faults fired:")
     for kind, n in sorted(fired.items()):
         print(f"  {kind:<45} {n:>7}")
+    if args.summary is not None:
+        try:
+            write_summary(summarise(args, fired, lines, acks, elapsed), args.summary)
+        except SummaryError as exc:
+            print(f"fault-campaign: summary not written: {exc}", file=sys.stderr)
+            return 2
+        print(f"summary written to {args.summary}")
     print(f"invariant violations: {violations}")
     return 1 if violations else 0
 

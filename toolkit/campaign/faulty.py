@@ -42,6 +42,7 @@ class CallFault(enum.StrEnum):
     FAIL = "fail"  # never reaches the backend
     LOSE_REPLY = "lose_reply"  # applied, the reply is lost
     HANG = "hang"  # applied, the reply comes after the deadline
+    REFUSE = "refuse"  # the store refuses the data (corrupt, a vanished conversation)
 
 
 class _Faults:
@@ -64,6 +65,8 @@ class _Faults:
         self.fired[(operation, fault)] += 1
         if fault is CallFault.FAIL:
             raise StoreUnavailable(f"injected: {operation} failed")
+        if fault is CallFault.REFUSE:
+            raise StoreCorrupt(f"injected: {operation} refused the stored data")
         await make()
         if fault is CallFault.HANG:
             await asyncio.sleep(self.hang_s)

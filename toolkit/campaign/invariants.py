@@ -50,14 +50,19 @@ class Ledger:
     )
     sent: dict[CommitKey, str] = field(default_factory=dict)
     """Every key ever sent (whatever came back), with its conversation."""
+    first_sent_ms: dict[CommitKey, int] = field(default_factory=dict)
+    """When each key was first sent, by the backend's clock (a commit of the key
+    happens after it); when unknown, the ACK's server timestamp stands in."""
 
     def conversation(self, tenant: str, conversation: str, reader: str) -> None:
         """Register a conversation and a member who may read its history."""
         self.readers[(tenant, conversation)] = reader
 
-    def attempted(self, request: AuthenticatedSend) -> None:
-        """A send went out (its outcome may be unknown)."""
+    def attempted(self, request: AuthenticatedSend, at_ms: int | None = None) -> None:
+        """A send went out at ``at_ms`` (its outcome may be unknown)."""
         self.sent.setdefault(request.key, request.conversation)
+        if at_ms is not None:
+            self.first_sent_ms.setdefault(request.key, at_ms)
 
     def acked(self, request: AuthenticatedSend, message: CommittedMessage) -> None:
         self.attempted(request)
@@ -112,12 +117,12 @@ async def read_outbox_ids(backend: Backend, tenants: set[str]) -> set[str]:
     raise RuntimeError("outbox did not end within the page bound")
 
 
-def _may_have_expired(message: CommittedMessage, retention: Retention | None) -> bool:
-    """A commit happens at or after its server timestamp, so its record cannot
-    have expired before ``server_ts + retention``."""
+def _may_have_expired(sent_ms: int, retention: Retention | None) -> bool:
+    """A commit happens after its first send, so its record cannot have expired
+    before ``sent + retention``."""
     if retention is None:
         return False
-    return retention.now_ms >= message.server_ts_ms + retention.history_retention_ms
+    return retention.now_ms >= sent_ms + retention.history_retention_ms
 
 
 def _same_record(record: MessageRecord, request: AuthenticatedSend) -> bool:
@@ -147,11 +152,11 @@ async def check_invariants(
         if len(set(seqs)) != len(seqs) or len(set(ids)) != len(ids):
             problems.append(f"2: {tenant}/{conversation} repeats a seq or a message id")
         for r in records:
-            if retention and retention.now_ms >= r.server_ts_ms + retention.idempotency_window_ms:
+            key = CommitKey(tenant, r.sender, r.cmid)
+            sent_ms = ledger.first_sent_ms.get(key, r.server_ts_ms)
+            if retention and retention.now_ms >= sent_ms + retention.idempotency_window_ms:
                 continue  # its commit may have expired, as committed keys do
-            loaded = await backend.store.load_commit(
-                CommitKey(tenant, r.sender, r.cmid), r.conversation
-            )
+            loaded = await backend.store.load_commit(key, r.conversation)
             ok = (isinstance(loaded, Committed) and loaded.message.message_id == r.message_id) or (
                 isinstance(loaded, InProgress) and loaded.intent.record.message_id == r.message_id
             )
@@ -169,7 +174,8 @@ async def check_invariants(
             continue
         history, floor = found
         at = [r for r in history if r.message_id == first.message_id]
-        if not at and first.seq < floor and _may_have_expired(first, retention):
+        sent_ms = ledger.first_sent_ms.get(key, first.server_ts_ms)
+        if not at and first.seq < floor and _may_have_expired(sent_ms, retention):
             continue  # expired by retention, as it may
         if len(at) != 1:
             problems.append(f"1: {key} appears {len(at)} times in history")

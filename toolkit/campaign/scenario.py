@@ -35,11 +35,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.domain.committer import MessageCommitter
-from service.domain.errors import CommitError, StoreError
+from service.domain.errors import CommitError, NotAMember, StoreError
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.ids import CommitKey
 from service.domain.limits import CommitLimits
-from service.domain.model import AuthenticatedSend, HistoryQuery, MessageContent, MessageType
+from service.domain.model import (
+    AuthenticatedSend,
+    Committed,
+    HistoryQuery,
+    MessageContent,
+    MessageType,
+)
 from service.domain.ports import Backend, Clock, ManualClock, StoreSettings
 from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 from toolkit.campaign.invariants import Ledger, Retention, check_invariants, check_recovered
@@ -161,7 +167,7 @@ def _arm_faults(w: _World) -> None:
 async def _send(w: _World, request: AuthenticatedSend) -> None:
     via_skewed = w.rng.random() < 0.2
     committer = w.skewed if via_skewed else w.committer
-    w.ledger.attempted(request)
+    w.ledger.attempted(request, w.clock.now_ms())
     try:
         ack = await committer.commit_send(request)
     except InjectedCrash as crash:
@@ -174,6 +180,9 @@ async def _send(w: _World, request: AuthenticatedSend) -> None:
         w.fired["bad day: send via a skewed replica"] += 1
     if request.key in w.store.poisoned:
         w.violations.append(f"poison: {request.key} was ACKed while undecodable")
+    durable = await w.backend.store.load_commit(request.key, request.conversation)
+    if durable != Committed(ack):  # an ACK is made only of a COMMITTED intent, at once
+        w.violations.append(f"0: {request.key} was ACKed but is not committed: {durable}")
     w.ledger.acked(request, ack)
 
 
@@ -203,6 +212,9 @@ async def _step(w: _World) -> None:
     if roll < 0.13 and w.faults is not None:
         await _backend_fault(w)
         return
+    if roll < 0.15:
+        await _outsider_reads(w)
+        return
     _arm_faults(w)
     if roll < 0.3:
         batch = [_pick_request(w) for _ in range(w.rng.randint(2, 5))]
@@ -210,6 +222,19 @@ async def _step(w: _World) -> None:
     else:
         await _send(w, _pick_request(w))
     w.clock.advance(w.rng.randint(0, 2_000))
+
+
+async def _outsider_reads(w: _World) -> None:
+    """A user who is not a member must never read a conversation's history."""
+    conversation = w.rng.choice(w.conversations)
+    try:
+        await w.committer.history(HistoryQuery(w.tenant, conversation, "outsider"))
+    except NotAMember:
+        w.fired["check: an outsider's history read refused"] += 1
+        return
+    except CommitError:
+        return  # an injected fault got there first
+    w.violations.append(f"authorisation: an outsider read {w.tenant}/{conversation}")
 
 
 async def _backend_fault(w: _World) -> None:
@@ -266,10 +291,10 @@ async def _finish(w: _World, retention_ms: int, window_ms: int) -> list[str]:
         except CommitError:
             w.fired["error retrying a quarantined intent"] += 1
     await _drain(w, bound)
+    violations = await check_recovered(w.backend, bound, w.ledger)  # recovery alone did it
     for request in w.sent:  # every client retries once more after recovery
         if request.key not in acked_before_jump:  # past the window a key is new again
             await _send(w, request)
-    violations = await check_recovered(w.backend, bound, w.ledger)
     retention = Retention(w.clock.now_ms(), retention_ms, window_ms)
     violations += await check_invariants(w.backend, w.ledger, retention)
     return violations + w.violations

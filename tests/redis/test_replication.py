@@ -1,0 +1,148 @@
+"""Asynchronous replicas and WAIT: which ACK a failover can take away.
+
+Redis replicates asynchronously. Without ``MC_REDIS_WAIT_REPLICAS`` an ACK means
+"the primary has it": a primary that dies before its replica got the commit,
+followed by that replica's promotion, loses an ACKed message. With
+``wait_replicas=1`` no committed result becomes an ACK (fresh, replayed or
+re-read) until a replica acknowledged it (WAIT on the same connection), so the
+same failover loses nothing that was acknowledged: the send answers
+recoverable, and a retry of the same key finishes it on the new primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis import Redis
+
+from service.domain.errors import Recoverable
+from service.domain.ports import Backend
+from tests.servers.redis_server import RedisServer, open_initialised
+from tests.support import committer, conversation, send, unique
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture
+def replica(own_redis_server: RedisServer) -> Iterator[RedisServer]:
+    server = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(own_redis_server.port)])
+    server.start()
+    try:
+        _wait_in_sync(own_redis_server.url, server.url)
+        yield server
+    finally:
+        server.close()
+
+
+def _wait_in_sync(primary: str, replica: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with Redis.from_url(primary) as p, Redis.from_url(replica) as r:
+        while time.monotonic() < deadline:
+            info, primary_info = r.info("replication"), p.info("replication")
+            linked = info.get("master_link_status") == "up" and primary_info["connected_slaves"]
+            if linked and info.get("master_repl_offset") == primary_info["master_repl_offset"]:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the replica did not catch up")
+
+
+def _pause(server: RedisServer) -> None:
+    assert server._process is not None
+    os.kill(server._process.pid, signal.SIGSTOP)
+
+
+def _resume(server: RedisServer) -> None:
+    assert server._process is not None
+    os.kill(server._process.pid, signal.SIGCONT)
+
+
+def _promote(replica: RedisServer) -> None:
+    with Redis.from_url(replica.url) as r:
+        r.execute_command("REPLICAOF", "NO", "ONE")
+
+
+async def _open(url: str, wait: int) -> Backend:
+    return await open_initialised(url, wait_replicas=wait, wait_timeout_ms=300)
+
+
+async def test_without_wait_a_failover_can_lose_an_acked_commit(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    backend = await _open(own_redis_server.url, wait=0)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        before = await c.commit_send(send(tenant))
+        _wait_in_sync(own_redis_server.url, replica.url)
+        _promote(replica)  # cut off (a partition): from now on it misses the stream
+        lost = await c.commit_send(send(tenant))  # ACKed by the primary alone
+    finally:
+        await backend.close()
+    own_redis_server.kill()  # the primary dies; the cut-off replica takes over
+    promoted = await open_initialised(replica.url)
+    try:
+        survivor = committer(promoted)
+        loaded = await promoted.store.load_commit(send(tenant, cmid=lost.cmid).key, "c1")
+        assert loaded is None, "the ACKed commit reached the replica after all"
+        assert before.seq == 1 and lost.seq == 2
+        again = await survivor.commit_send(send(tenant, cmid=lost.cmid))
+        assert again.message_id != lost.message_id  # a second message for an ACKed key
+    finally:
+        await promoted.close()
+
+
+async def test_with_wait_no_acked_commit_is_lost_on_failover(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))  # the replica acknowledged it
+        assert await c.commit_send(send(tenant, cmid=kept.cmid)) == kept  # replays wait too
+        _pause(replica)
+        pending = send(tenant)
+        with pytest.raises(Recoverable):  # applied on the primary, not replicated: no ACK
+            await c.commit_send(pending)
+        with pytest.raises(Recoverable):  # and a retry against the same primary waits again
+            await c.commit_send(pending)
+    finally:
+        await backend.close()
+    own_redis_server.kill()
+    _resume(replica)
+    _promote(replica)
+    promoted = await open_initialised(replica.url, wait_replicas=0)
+    try:
+        survivor = committer(promoted)
+        assert await survivor.commit_send(send(tenant, cmid=kept.cmid)) == kept
+        finished = await survivor.commit_send(pending)  # the retry finishes it, once
+        assert finished.seq > kept.seq
+    finally:
+        await promoted.close()
+
+
+async def test_waiting_costs_a_round_trip_only_on_the_ack(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    plain, waiting = await _open(own_redis_server.url, 0), await _open(own_redis_server.url, 1)
+    tenant = unique("t")
+    try:
+        await conversation(plain, tenant)
+        counts = []
+        for backend in (plain, waiting):
+            c = committer(backend)
+            before = backend.requests["redis_call"]
+            await c.commit_send(send(tenant))
+            counts.append(backend.requests["redis_call"] - before)
+        assert counts == [5, 5]  # WAIT rides in the commit script's round trip
+        await asyncio.sleep(0)
+    finally:
+        await plain.close()
+        await waiting.close()

@@ -1,0 +1,99 @@
+"""A replica whose clock is too far from the cluster's refuses to serve (DESIGN §12).
+
+Scylla decides expiry by the replica's clock, so ``open_scylla_backend``
+measures it against the coordinator's time and refuses beyond
+``max_clock_skew_ms``; readiness checks again. A correct replica beside a
+refused one keeps serving and replaying the original ACKs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from backends.scylla import open_scylla_backend
+from backends.scylla.skew import measure
+from service.bootstrap import BackendUnreachable, open_backend, replica_clock
+from service.config import ServiceConfig
+from service.domain.errors import StoreMisconfigured
+from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
+from tests.scylla.conftest import store_of
+from tests.servers.cql_server import ScyllaHarness
+from tests.support import committer, conversation, send, unique
+
+pytestmark = pytest.mark.scylla
+
+
+@dataclass
+class AdjustableClock:
+    """The wall clock plus an offset a test changes (a host whose time jumps)."""
+
+    offset_ms: int = 0
+
+    def now_ms(self) -> int:
+        return SystemClock().now_ms() + self.offset_ms
+
+
+async def _open(scylla: ScyllaHarness, clock: Clock) -> Backend:
+    return await open_scylla_backend(
+        [scylla.host], port=scylla.port, keyspace=scylla.keyspace, clock=clock,
+        namespace=scylla.namespace, max_clock_skew_ms=3000,
+    )  # fmt: skip
+
+
+async def test_a_skewed_replica_refuses_and_a_correct_one_keeps_its_acks(
+    scylla: ScyllaHarness,
+) -> None:
+    good = await _open(scylla, SystemClock())
+    try:
+        offset = await measure(store_of(good).cql, SystemClock(), 5)
+        assert abs(offset.offset_ms) < 1000 and offset.uncertainty_ms < 1000
+        tenant = unique("t")
+        await conversation(good, tenant)
+        request = send(tenant)
+        ack = await committer(good).commit_send(request)
+        for skew_ms in (10_000, -10_000, 2 * 86_400_000):
+            with pytest.raises(StoreMisconfigured) as refused:
+                await _open(scylla, OffsetClock(skew_ms))
+            assert "NTP" in refused.value.operator_hint
+            assert scylla.host not in str(refused.value)
+        await good.store.readiness()
+        assert await committer(good).commit_send(request) == ack
+    finally:
+        await good.close()
+
+
+async def test_readiness_refuses_once_the_clock_drifts_and_recovers_with_it(
+    scylla: ScyllaHarness,
+) -> None:
+    clock = AdjustableClock()
+    backend = await _open(scylla, clock)
+    try:
+        await backend.store.readiness()
+        clock.offset_ms = -8_000
+        with pytest.raises(StoreMisconfigured):
+            await backend.store.readiness()
+        with pytest.raises(StoreMisconfigured):
+            await backend.outbox.readiness()
+        clock.offset_ms = 500  # within the bound
+        await backend.store.readiness()
+    finally:
+        await backend.close()
+
+
+async def test_the_service_refuses_to_start_with_a_skewed_clock(scylla: ScyllaHarness) -> None:
+    config = ServiceConfig(
+        backend="scylla",
+        scylla_contact_points=(scylla.host,),
+        scylla_port=scylla.port,
+        scylla_keyspace=scylla.keyspace,
+        test_clock_offset=30.0,
+    )
+    with pytest.raises(BackendUnreachable) as refused:
+        await open_backend(config, replica_clock(config))
+    assert "StoreMisconfigured" in str(refused.value) and "clock" in str(refused.value)
+    assert scylla.host not in str(refused.value)
+    backend = await open_backend(dataclasses.replace(config, test_clock_offset=0.0))
+    await backend.close()

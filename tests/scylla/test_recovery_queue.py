@@ -1,0 +1,161 @@
+"""The recovery queue on Scylla with real bad rows, and a commit cut between its two writes.
+
+Issue 11: one bad row among the entries a scan judges failed the whole scan
+(release 1 decoded every entry's intent inside one ``gather``). Here the bad
+row is real: written by CQL directly, as a newer release or damage on disk
+would leave it; the scan must return the others and the committer must
+quarantine it, never ACK it, until an operator fixes it and retries.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cassandra import ConsistencyLevel, WriteTimeout, WriteType
+
+from backends.scylla.schema import HISTORY_BUCKET
+from backends.scylla.session import Row, Send
+from service.domain.committer import MessageCommitter
+from service.domain.errors import CommitNotFound, Recoverable
+from service.domain.faults import FaultPoint, InjectedCrash
+from service.domain.model import AuthenticatedSend
+from service.domain.ports import Backend, ManualClock
+from service.domain.recovery import RecoveryPolicy
+from tests.scylla.conftest import store_of
+from tests.servers.cql_server import ScyllaHarness
+from tests.support import NO_QUOTA, conversation, send, unique
+from toolkit.campaign.invariants import Ledger, check_invariants, check_recovered
+
+pytestmark = pytest.mark.scylla
+
+POLICY = RecoveryPolicy(first_retry_ms=1_000, max_retry_ms=4_000, quarantine_after=3)
+_SET = (
+    "UPDATE {ks}.commits SET %s = %%s"
+    " WHERE tenant = %%s AND sender = %%s AND cmid = %%s IF state = %%s"
+)
+
+
+async def _stuck(c: MessageCommitter, tenant: str) -> AuthenticatedSend:
+    request = send(tenant)
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):
+        await c.commit_send(request)
+    return request
+
+
+async def _set(backend: Backend, request: AuthenticatedSend, column: str, value: str,
+               state: str) -> None:  # fmt: skip
+    """Rewrite one column of a stored intent, conditionally (the table is LWT-only)."""
+    k = request.key
+    rows = await store_of(backend).cql.simple(_SET % column, (value, k.tenant, k.sender, k.cmid,
+                                                              state))  # fmt: skip
+    assert rows[0]["[applied]"]
+
+
+@pytest.mark.parametrize(
+    ("column", "bad", "good"),
+    [("message_type", "hologram", "text"), ("state", "frozen", "reserved")],
+    ids=["unknown message type", "unknown state"],
+)
+async def test_an_undecodable_row_is_quarantined_and_the_scan_returns_the_others(
+    scylla: ScyllaHarness, column: str, bad: str, good: str
+) -> None:
+    clock = ManualClock()
+    backend = await scylla.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c = MessageCommitter(backend.store, backend.membership, backend.outbox, limits=NO_QUOTA,
+                         clock=clock, recovery=POLICY)  # fmt: skip
+    stuck = []
+    for _ in range(4):
+        stuck.append(await _stuck(c, tenant))
+        clock.advance(1_000)
+    poison = stuck[1]
+    await _set(backend, poison, column, bad, "reserved")
+    clock.advance(60_000)
+
+    items = await backend.store.scan_recoverable_commits(clock.now_ms() - 30_000, 100)
+    assert len(items) == 4  # the bad row does not fail the scan
+    bad_items = [i for i in items if i.intent is None]
+    assert [i.key for i in bad_items] == [poison.key] and bad_items[0].problem == "StoreCorrupt"
+
+    report = await c.recover_due(clock.now_ms() - 30_000, 100)
+    assert (report.scanned, report.committed, report.quarantined) == (4, 3, 1)
+    assert (await c.recover_due(clock.now_ms(), 100)).scanned == 0  # never retried by itself
+    item = await c.recovery_item(poison.key)
+    assert item.quarantined and item.intent is None and item.attempts == 1
+    page = await c.quarantined("", 10)
+    assert [i.key for i in page.items] == [poison.key] and page.next_token == ""
+    assert (await backend.store.recovery_stats()).quarantined == 1
+    with pytest.raises(Recoverable):  # a client retry is never ACKed while it is bad
+        await c.commit_send(poison)
+
+    await _set(backend, poison, column, good, bad if column == "state" else "reserved")
+    ack = await c.retry_quarantined(poison.key)
+    assert await c.commit_send(poison) == ack
+    with pytest.raises(CommitNotFound):
+        await c.recovery_item(poison.key)
+    assert (await c.quarantined("", 10)).items == ()
+    stats = await backend.store.recovery_stats()
+    assert (stats.quarantined, stats.oldest_unfinished_ms) == (0, None)
+    ledger = Ledger()
+    ledger.conversation(tenant, "c1", "bob")
+    for request in stuck:
+        ledger.acked(request, await c.commit_send(request))
+    assert await check_recovered(backend, clock.now_ms(), ledger) == []
+    assert await check_invariants(backend, ledger) == []
+
+
+class FailFinish:
+    """The commit's bookkeeping batch fails (the commit-mark before it applied)."""
+
+    def __init__(self) -> None:
+        self.fired = 0
+
+    async def __call__(self, name: str, send_it: Send) -> list[Row]:
+        if name == "batch:hist.put_ttl" and not self.fired:
+            self.fired += 1
+            raise WriteTimeout("injected", consistency=ConsistencyLevel.LOCAL_QUORUM,
+                               required_responses=1, received_responses=0,
+                               write_type=WriteType.UNLOGGED_BATCH)  # fmt: skip
+        return await send_it()
+
+
+async def test_a_commit_cut_before_its_bookkeeping_is_finished_by_the_next_scan(
+    scylla: ScyllaHarness,
+) -> None:
+    clock = ManualClock()
+    backend = await scylla.open(clock=clock)
+    store = store_of(backend)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c = MessageCommitter(backend.store, backend.membership, backend.outbox, limits=NO_QUOTA,
+                         clock=clock)  # fmt: skip
+    fault = FailFinish()
+    store.cql.interceptor = fault
+    request = send(tenant)
+    ack = await c.commit_send(request)  # the ACK does not wait for the bookkeeping
+    store.cql.interceptor = None
+    assert fault.fired == 1
+
+    async def left() -> dict[str, list[Row]]:
+        q = {
+            "pin": "SELECT seq FROM {ks}.history_pins WHERE tenant = %s AND conversation = %s"
+            " AND bucket = %s",
+            "history": "SELECT expires_at_ms FROM {ks}.history WHERE tenant = %s"
+            " AND conversation = %s AND bucket = %s",
+        }
+        return {
+            name: await store.cql.simple(text, (tenant, "c1", ack.seq // HISTORY_BUCKET))
+            for name, text in q.items()
+        }
+
+    before = await left()
+    assert [r["seq"] for r in before["pin"]] == [ack.seq]  # retention cannot pass it meanwhile
+    assert before["history"][0]["expires_at_ms"] is None
+    clock.advance(60_000)
+    assert await backend.store.scan_recoverable_commits(clock.now_ms(), 10) == []
+    after = await left()
+    assert after["pin"] == [] and after["history"][0]["expires_at_ms"] is not None
+    assert await backend.store.scan_recoverable_commits(clock.now_ms(), 10) == []
+    assert (await backend.store.recovery_stats()).oldest_unfinished_ms is None
+    assert await c.commit_send(request) == ack
