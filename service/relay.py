@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
 IDLE_SAFETY_S = 5.0
 """With a doorbell, an idle partition still looks for entries this often."""
+RECHECKS_S = (0.005, 0.015, 0.04)
+"""Pauses of the quick looks of a partition that just went idle, before the doorbell."""
 
 
 def new_owner() -> str:
@@ -209,6 +211,7 @@ class RelayRunner:
 
     async def _work(self, held: _Held) -> None:
         work = held.work
+        quiet = 0  # steps in a row that found nothing
         try:
             while held.active and not self._stop.is_set():
                 try:
@@ -236,8 +239,15 @@ class RelayRunner:
                 if result.wait_ms:
                     await self._pause(min(result.wait_ms / 1000, self._idle_s))
                 elif not result.worked:
-                    await self._idle(held)
+                    if self._ports.partitions.has_doorbell and quiet < len(RECHECKS_S):
+                        # Just gone idle: the doorbell's current wait may not include this
+                        # partition yet, so look again shortly a few times first.
+                        await self._pause(RECHECKS_S[quiet])
+                    else:
+                        await self._idle(held)
+                    quiet += 1
                 else:
+                    quiet = 0
                     await asyncio.sleep(0)  # a backend that never awaits must not starve the loop
         finally:
             if not held.active and self.crashed is None and work.lease.partition not in self._held:

@@ -50,8 +50,9 @@ from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
 GROUP = "relay"
 _ID_RE = re.compile(r"\d{1,20}-\d{1,20}")
-MAX_BLOCK_MS = 1000
-"""A blocking wait stays well under the client's 2 s socket timeout."""
+MAX_BLOCK_MS = 100
+"""One blocking wait: short, so a partition that went idle meanwhile is in the next
+one soon (and well under the client's 2 s socket timeout)."""
 
 _TOKEN = """
 local function token_ok(lease, token)

@@ -11,8 +11,8 @@ from backends.scylla import history, members, outbox, recovery, sequence, skew, 
 from backends.scylla.delivery import open_delivery
 from backends.scylla.history import TTL_SLACK_S, History, ttl_s
 from backends.scylla.members import ScyllaMembershipStore
+from backends.scylla.outbox_log import PartitionedOutbox
 from backends.scylla.recovery import RecoveryIndex
-from backends.scylla.relay import PartitionedOutbox
 from backends.scylla.schema import (
     READ_VERSION,
     SCHEMA_SCOPE,
@@ -153,7 +153,7 @@ async def open_scylla_backend(
         store=message_store,
         membership=membership,
         # Schema 3: commits publish to the partitioned outbox the relays lease
-        # (backends.scylla.relay); the old table is drained as its legacy partition.
+        # (backends.scylla.outbox_log, .relay); the old table is drained as its legacy partition.
         outbox=PartitionedOutbox(cql, namespace, readiness),
         durable=True,
         closers=[cql.close],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from backends.scylla import mailbox, relay
+from backends.scylla import mailbox, outbox_log, relay
 from backends.scylla.codec import BODY_COLUMNS, history_record
 from backends.scylla.mailbox import ScyllaMailboxStore
 from backends.scylla.relay import ScyllaOutboxPartitions
@@ -85,7 +85,9 @@ async def open_delivery(
     cql: CqlSession, namespace: str, clock: Clock, settings: DeliverySettings
 ) -> DeliveryPorts:
     """Prepare the delivery statements and build the ports."""
-    await cql.prepare({**STATEMENTS, **mailbox.STATEMENTS, **relay.STATEMENTS})
+    await cql.prepare(
+        {**STATEMENTS, **mailbox.STATEMENTS, **outbox_log.STATEMENTS, **relay.STATEMENTS}
+    )
     return DeliveryPorts(
         mailbox=ScyllaMailboxStore(cql, settings.mailbox, clock),
         partitions=ScyllaOutboxPartitions(

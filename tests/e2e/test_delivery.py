@@ -65,6 +65,8 @@ class Stack:
     args: list[str]
     env: dict[str, str]
     config: ServiceConfig
+    secrets: tuple[str, ...] = ()
+    """Texts no log line may carry (the backend's address)."""
 
 
 @dataclass
@@ -93,7 +95,8 @@ async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
         await initialise_prefix(url, prefix, shards=8)
         env = {**common, "MC_REDIS_URL": url, "MC_REDIS_PREFIX": prefix}
         config = ServiceConfig(backend="redis", redis_url=url, redis_prefix=prefix)
-        yield Stack("redis", ["--backend", "redis"], env, config)
+        address = url.split("//", 1)[-1].rsplit("/", 1)[0]
+        yield Stack("redis", ["--backend", "redis"], env, config, (url, address))
         return
     host, port = request.getfixturevalue("cql_contact")
     keyspace: str = request.getfixturevalue("cql_keyspace")
@@ -106,7 +109,7 @@ async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     config = ServiceConfig(
         backend="scylla", scylla_contact_points=(host,), scylla_port=port, scylla_keyspace=keyspace
     )
-    yield Stack("scylla", ["--backend", "scylla"], env, config)
+    yield Stack("scylla", ["--backend", "scylla"], env, config, (f"{host}:{port}",))
 
 
 def _relay_env(stack: Stack) -> dict[str, str]:
@@ -305,6 +308,11 @@ async def test_every_message_reaches_every_frozen_recipient_once_through_kills(
 
         live = [r for r in relays if r.process.poll() is None]
         assert len(live) == 2
+        for relay in relays:  # log hygiene: no address, no message body
+            log = relay.log()
+            assert "hello" not in log and "relaying as" in log
+            for secret in stack.secrets:
+                assert secret not in log
         takeovers = sum(_metric(r.http, "message_committer_relay_takeovers_total") for r in live)
         assert takeovers > 0
         fanout = sum(_metric(r.http, "message_committer_relay_fanout_entries_total") for r in live)
@@ -313,6 +321,8 @@ async def test_every_message_reaches_every_frozen_recipient_once_through_kills(
             f"\nDELIVERY E2E {stack.name}: {acks.count} messages, {fanout:.0f} mailbox entries"
             f" by the live relays, takeovers {takeovers:.0f}, fenced {fenced:.0f}"
         )
+        assert live[0].terminate() == 0  # SIGTERM: the step finishes, every lease is released
+        assert "stopped: leases released" in live[0].log()
     except BaseException:
         logs = [s.log() for s in servers] + [r.log() for r in relays]
         for n, log in enumerate(logs):
