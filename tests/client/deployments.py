@@ -3,40 +3,33 @@
 * ``memory``: one in-process replica with its relay inside, on a memory state
   that outlives it (``MemoryServers``): a kill stops the replica, a start
   builds a new one on the same state and port.
-* ``redis``: a real ``message-committer serve --backend redis`` process on a
-  private key prefix of the session's redis-server, killed with SIGKILL and
-  started again as a new process; the outbox relay runs in the test process
-  (a real ``RelayRunner`` on its own Redis connection), since the serve
-  process runs no relay on a shared backend.
+* ``redis`` and ``scylla``: real ``message-committer serve`` and ``relay``
+  processes on the session's redis-server (a private key prefix) or CQL node
+  (the session's keyspace, a tenant of the test's own); a kill is SIGKILL of
+  the serve process, a start a new process on the same port.
 
 ``hold_delivery`` keeps the relay from writing any mailbox until
-``release_delivery``, so a test can tell reconciliation from delivery.
+``release_delivery`` (memory: the relay stops at a fault point; processes:
+the relay process is stopped), so a test can tell reconciliation from
+delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-from dataclasses import replace
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry
-
-from service.bootstrap import open_backend
-from service.config import ServiceConfig
 from service.domain.faults import RelayPoint
-from service.domain.ports import Backend
-from service.relay import RelayRunner
-from service.relay_metrics import RelayMetrics
-from tests.client.support import SERVER_CONFIG, TENANT, MemoryServers, admin
-from tests.e2e.process import ServeProcess
+from tests.client.support import TENANT, MemoryServers, admin
+from tests.e2e.process import RelayProcess, ServeProcess
+from tests.support import unique
 
 HOLD = 1_000_000
 
 
 class Deployment(Protocol):
     name: str
+    tenant: str
 
     @property
     def target(self) -> str: ...
@@ -54,11 +47,12 @@ class Deployment(Protocol):
 
 async def create(d: Deployment, conversation: str, members: list[str]) -> None:
     async with await admin(d.target) as c:
-        await c.create_conversation(TENANT, conversation, members)
+        await c.create_conversation(d.tenant, conversation, members)
 
 
 class MemoryDeployment:
     name = "memory"
+    tenant = TENANT
 
     def __init__(self, **overrides: Any) -> None:
         self.servers = MemoryServers(**overrides)
@@ -85,6 +79,7 @@ class MemoryDeployment:
 
 
 def _flags(overrides: dict[str, Any]) -> list[str]:
+    """ServiceConfig overrides as serve/relay flags (floats are seconds)."""
     flags = []
     for name, value in overrides.items():
         flags += [
@@ -94,88 +89,71 @@ def _flags(overrides: dict[str, Any]) -> list[str]:
     return flags
 
 
-class RedisDeployment:
-    name = "redis"
+FAST_SERVE = [
+    "--subscribe-poll-interval",
+    "50ms",
+    "--recovery-interval",
+    "200ms",
+    "--recovery-grace",
+    "100ms",
+    "--sender-rate-per-s",
+    "0",
+]
 
-    def __init__(self, url: str, prefix: str, **overrides: Any) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.overrides = overrides
-        self.config = replace(
-            SERVER_CONFIG, backend="redis", redis_url=url, redis_prefix=prefix, **overrides
-        )
-        self.process: ServeProcess | None = None
+
+class ProcessDeployment:
+    """serve and relay processes on a backend they share."""
+
+    def __init__(
+        self, name: str, backend_args: list[str], env: dict[str, str], **overrides: Any
+    ) -> None:
+        self.name = name
+        self.tenant = unique("t")
+        self.backend_args = backend_args
+        self.env = env
+        self.flags = _flags(overrides)
+        lease = "6s" if name == "scylla" else "2s"
+        self.relay_flags = ["--relay-lease", lease, "--relay-idle-wait", "50ms"]
+        self.relay_flags += ["--relay-first-retry", "200ms", "--relay-settle-window", "3s"]
+        self.serve: ServeProcess | None = None
+        self.relay: RelayProcess | None = None
         self.port = 0
-        self._relay_backend: Backend | None = None
-        self._relay: RelayRunner | None = None
-        self._relay_task: asyncio.Task[None] | None = None
-        self._relay_stop = asyncio.Event()
-        self._held = False
+        self.held = False
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        c = self.config
-        args = [
-            "--backend",
-            "redis",
-            "--redis-prefix",
-            self.prefix,
-            "--grpc-address",
-            f"127.0.0.1:{self.port}",
-            "--subscribe-poll-interval",
-            "50ms",
-            "--recovery-interval",
-            "200ms",
-            "--recovery-grace",
-            "100ms",
-            "--sender-rate-per-s",
-            "0",
-            *_flags(self.overrides),
-        ]
-        env = {"MC_REDIS_URL": self.url}
-        self.process = await asyncio.to_thread(ServeProcess, args, env)
-        self.port = self.process.grpc_port
-        if not self._held and self._relay_task is None:
-            await self._start_relay(c)
+        args = [*self.backend_args, *FAST_SERVE, *self.flags]
+        args += ["--grpc-address", f"127.0.0.1:{self.port}"]
+        self.serve = await asyncio.to_thread(ServeProcess, args, self.env)
+        self.port = self.serve.grpc_port
+        if not self.held and self.relay is None:
+            await self._start_relay()
 
-    async def _start_relay(self, c: ServiceConfig) -> None:
-        if self._relay_backend is None:
-            self._relay_backend = await open_backend(c)
-        self._relay_stop = asyncio.Event()
-        self._relay = RelayRunner(
-            self._relay_backend,
-            policy=c.relay_policy(),
-            idle_wait_s=c.relay_idle_wait,
-            metrics=RelayMetrics(CollectorRegistry()),
-        )
-        self._relay_task = asyncio.create_task(self._relay.run(self._relay_stop))
-
-    async def _stop_relay(self) -> None:
-        if self._relay_task is not None:
-            self._relay_stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._relay_task, 10)
-            self._relay_task = None
+    async def _start_relay(self) -> None:
+        args = [*self.backend_args, *self.relay_flags, *self.flags]
+        self.relay = await asyncio.to_thread(RelayProcess, args, self.env)
 
     async def kill(self) -> None:
-        if self.process is not None:
-            self.process.process.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(self.process.close)
-            self.process = None
+        if self.serve is not None:
+            await asyncio.to_thread(self.serve.close)  # SIGKILL
+            self.serve = None
 
     async def hold_delivery(self) -> None:
-        self._held = True
-        await self._stop_relay()
+        self.held = True
+        if self.relay is not None:
+            await asyncio.to_thread(self.relay.terminate)  # releases its leases
+            await asyncio.to_thread(self.relay.close)
+            self.relay = None
 
     async def release_delivery(self) -> None:
-        self._held = False
-        await self._start_relay(self.config)
+        self.held = False
+        await self._start_relay()
 
     async def close(self) -> None:
         await self.kill()
-        await self._stop_relay()
-        if self._relay_backend is not None:
-            await self._relay_backend.close()
+        if self.relay is not None:
+            await asyncio.to_thread(self.relay.close)
+            self.relay = None

@@ -44,14 +44,16 @@ async def admin(target: str) -> CommitClient:
     return CommitClient.connect(target, retry=ADMIN_RETRY)
 
 
-async def history(target: str, conversation: str, actor: str) -> list[MessageRecord]:
+async def history(
+    target: str, conversation: str, actor: str, tenant: str = TENANT
+) -> list[MessageRecord]:
     """Every record of a conversation, oldest first, read from the server."""
     records: list[MessageRecord] = []
     async with CommitClient.connect(target, retry=ADMIN_RETRY) as c:
         anchor = 0
         for _ in range(1000):
             page = await c.history(
-                HistoryQuery(TENANT, conversation, actor, Direction.FORWARD, anchor, 200)
+                HistoryQuery(tenant, conversation, actor, Direction.FORWARD, anchor, 200)
             )
             records += page.records
             if not page.next_anchor:

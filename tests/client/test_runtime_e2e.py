@@ -5,7 +5,6 @@ surviving state) and Redis (real ``serve`` processes, SIGKILLed)."""
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,25 +21,42 @@ from client import (
     RebuildStarted,
     SendConfirmed,
 )
-from tests.client.deployments import Deployment, MemoryDeployment, RedisDeployment, create
+from tests.client.deployments import Deployment, MemoryDeployment, ProcessDeployment, create
 from tests.client.support import Client, eventually, history
 from tests.servers.redis_server import initialise_prefix
+from tests.support import unique
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("scylla", marks=pytest.mark.scylla),
+    ]
+)
 async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Deployment]:
     marker = request.node.get_closest_marker("server")
     overrides = marker.kwargs if marker else {}
     d: Deployment
     if request.param == "memory":
         d = MemoryDeployment(**overrides)
-    else:
+    elif request.param == "redis":
         url = request.getfixturevalue("redis_url")
-        prefix = f"mcc-{uuid.uuid4().hex[:10]}"
+        prefix = unique("mcc")
         await initialise_prefix(url, prefix)
-        d = RedisDeployment(url, prefix, **overrides)
+        env = {"MC_REDIS_URL": url, "MC_REDIS_PREFIX": prefix}
+        d = ProcessDeployment("redis", ["--backend", "redis"], env, **overrides)
+    else:
+        host, port = request.getfixturevalue("cql_contact")
+        keyspace = request.getfixturevalue("cql_keyspace")
+        env = {
+            "MC_SCYLLA_CONTACT_POINTS": host,
+            "MC_SCYLLA_PORT": str(port),
+            "MC_SCYLLA_KEYSPACE": keyspace,
+        }
+        d = ProcessDeployment("scylla", ["--backend", "scylla"], env, **overrides)
     await d.start()
     await create(d, "general", ["alice", "bob"])
     await create(d, "side", ["alice", "bob"])
@@ -52,8 +68,9 @@ async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Deployment
 
 @pytest.fixture
 async def pair(deployment: Deployment, tmp_path: Path) -> AsyncIterator[tuple[Client, Client]]:
-    alice = Client("alice", tmp_path / "alice.db", lambda: deployment.target)
-    bob = Client("bob", tmp_path / "bob.db", lambda: deployment.target)
+    t = deployment.tenant
+    alice = Client("alice", tmp_path / "alice.db", lambda: deployment.target, tenant=t)
+    bob = Client("bob", tmp_path / "bob.db", lambda: deployment.target, tenant=t)
     yield alice, bob
     await alice.crash()
     await bob.crash()
@@ -96,7 +113,7 @@ async def test_a_lost_ack_with_the_server_killed_is_reconciled_by_cmid(
     await alice.crash()
     await deployment.kill()
     await deployment.start()
-    [committed] = await history(deployment.target, "general", "alice")
+    [committed] = await history(deployment.target, "general", "alice", deployment.tenant)
     assert committed.cmid == cmid
 
     await alice.start()
@@ -109,7 +126,7 @@ async def test_a_lost_ack_with_the_server_killed_is_reconciled_by_cmid(
     await deployment.release_delivery()
     await eventually(lambda: count(bob, 1), 30)
     await eventually(lambda: _inbox_at(alice, 1), 30)
-    assert await history(deployment.target, "general", "bob") == [committed]
+    assert await history(deployment.target, "general", "bob", deployment.tenant) == [committed]
     assert alice.added_ids() == [committed.message_id]  # the mailbox copy was deduped
     assert bob.added_ids() == [committed.message_id]
     assert len(confirmations(alice, cmid)) == 1
@@ -135,7 +152,9 @@ async def test_bob_offline_during_100_sends_syncs_each_exactly_once_in_order(
     await eventually(lambda: count(bob, 100), 120)
     stored = await bob.rt.store.messages("general", limit=1000)
     assert [m.record.cmid for m in stored] == cmids
-    assert [m.record for m in stored] == await history(deployment.target, "general", "bob")
+    assert [m.record for m in stored] == await history(
+        deployment.target, "general", "bob", deployment.tenant
+    )
     added = [m for e in bob.events if isinstance(e, MessagesAdded) for m in e.messages]
     assert [m.record.cmid for m in added] == cmids  # once each, in order
 
@@ -166,13 +185,13 @@ async def test_a_trimmed_mailbox_rebuilds_with_nothing_lost_or_duplicated_and_pe
     [sent] = confirmations(bob, "bob-pending")
     assert bob.events.index(sent) > kinds.index(RebuildFinished)  # kept through the rebuild
     assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
-    side = await history(deployment.target, "side", "bob")
+    side = await history(deployment.target, "side", "bob", deployment.tenant)
     assert [r.cmid for r in side if r.sender == "bob"] == ["bob-pending"]
 
 
 async def _mirrors_server(deployment: Deployment, client: Client) -> bool:
     for conversation in ("general", "side"):
-        server = await history(deployment.target, conversation, client.user)
+        server = await history(deployment.target, conversation, client.user, deployment.tenant)
         local = await client.rt.store.messages(conversation, limit=1000)
         if [m.record for m in local] != server:
             return False
@@ -206,6 +225,6 @@ async def test_a_corrupt_or_newer_local_schema_resets_with_pending_kept(
     assert isinstance(bob.events[0], LocalStoreReset)
     assert bob.events[0].kept_pending == 1
     await eventually(lambda: _mirrors_server(deployment, bob), 30)
-    server = await history(deployment.target, "general", "bob")
+    server = await history(deployment.target, "general", "bob", deployment.tenant)
     assert [r.cmid for r in server].count("bob-keep") == 1
     assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
