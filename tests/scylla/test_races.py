@@ -12,11 +12,12 @@ or ``IF created_at_ms >= ?``, every other Scylla test still passed.)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from backends.scylla.session import Row, Send
+from backends.scylla.session import Interceptor, Row, Send
 from service.domain.errors import StoreConflict
 from service.domain.model import (
     CommitState,
@@ -26,7 +27,7 @@ from service.domain.model import (
     ReserveCandidate,
     Reserved,
 )
-from service.domain.ports import ManualClock, StoreSettings
+from service.domain.ports import Backend, ManualClock, StoreSettings
 from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import conversation, send, unique
@@ -52,6 +53,16 @@ class Before:
         return await send_it()
 
 
+@contextlib.contextmanager
+def intercepted(backend: Backend, interceptor: Interceptor) -> Iterator[None]:
+    """Every statement of ``backend``'s session goes through ``interceptor`` meanwhile."""
+    store_of(backend).cql.interceptor = interceptor
+    try:
+        yield
+    finally:
+        store_of(backend).cql.interceptor = None
+
+
 @pytest.mark.parametrize("same", [True, False], ids=["same-publication", "other-publication"])
 async def test_a_publish_mark_that_loses_to_a_commit_leaves_the_commit(
     scylla: ScyllaHarness, same: bool
@@ -69,15 +80,12 @@ async def test_a_publish_mark_that_loses_to_a_commit_leaves_the_commit(
     race = Before(
         "c.outboxed", lambda: backend.store.mark_published_and_committed(recorded, theirs)
     )
-    store_of(backend).cql.interceptor = race
-    try:
+    with intercepted(backend, race):
         if same:
             await backend.store.mark_outbox_published(recorded, mine)  # retry-safe
         else:
             with pytest.raises(StoreConflict):
                 await backend.store.mark_outbox_published(recorded, mine)
-    finally:
-        store_of(backend).cql.interceptor = None
     assert race.fired == 1
     loaded = await backend.store.load_commit(intent.key, intent.conversation)
     assert loaded == Committed(intent.committed_message())  # not set back to unfinished
@@ -90,11 +98,8 @@ async def test_a_membership_change_that_loses_the_race_lands_on_top_of_the_winne
     tenant = unique("t")
     await conversation(backend, tenant)  # alice, bob: version 1
     race = Before("batch:mem.bump", lambda: backend.membership.add_members(tenant, "c1", ["dave"]))
-    store_of(backend).cql.interceptor = race
-    try:
+    with intercepted(backend, race):
         info = await backend.membership.add_members(tenant, "c1", ["carol"])
-    finally:
-        store_of(backend).cql.interceptor = None
     assert race.fired == 1
     assert (info.version, info.member_count) == (3, 4)
     two = await backend.membership.members_at(tenant, "c1", 2, "", 10)
@@ -127,11 +132,8 @@ async def test_a_failed_attempt_recorded_after_the_key_was_reserved_anew_leaves_
         assert isinstance(again, Reserved)
 
     race = Before("c.defer", a_client_commits_and_the_key_is_reused)
-    store_of(backend).cql.interceptor = race
-    try:
+    with intercepted(backend, race):
         await backend.store.defer_recovery(item, retry_after_ms=1_000, quarantine=True, problem="x")
-    finally:
-        store_of(backend).cql.interceptor = None
     assert race.fired == 1
     new = await backend.store.recovery_item(request.key)
     assert new is not None and new.intent is not None
@@ -155,13 +157,10 @@ async def test_a_recovery_scan_that_meets_a_reserve_in_flight_leaves_its_entry(
         seen.extend(await backend.store.scan_recoverable_commits(clock.now_ms() + 1, 10))
 
     race = Before("c.reserve", a_scan_in_between)
-    store_of(backend).cql.interceptor = race
-    try:
+    with intercepted(backend, race):
         reserved = await backend.store.reserve(
             request, DELIVERY, ReserveCandidate("m-1", clock.now_ms())
         )
-    finally:
-        store_of(backend).cql.interceptor = None
     assert race.fired == 1 and seen == []  # not an item yet, and not dropped either
     assert isinstance(reserved, Reserved)
     clock.advance(60_000)  # the sender's process died: only recovery can finish it
@@ -189,12 +188,8 @@ async def test_the_entry_of_a_reserve_that_died_is_not_taken_for_the_next_intent
             raise Died(name)
         return await send_it()
 
-    store_of(backend).cql.interceptor = dies
-    try:
-        with pytest.raises(Died):
-            await backend.store.reserve(request, DELIVERY, ReserveCandidate("m-1", clock.now_ms()))
-    finally:
-        store_of(backend).cql.interceptor = None
+    with intercepted(backend, dies), pytest.raises(Died):
+        await backend.store.reserve(request, DELIVERY, ReserveCandidate("m-1", clock.now_ms()))
     clock.advance(1_000)
     retry = await backend.store.reserve(request, DELIVERY, ReserveCandidate("m-2", clock.now_ms()))
     assert isinstance(retry, Reserved)
