@@ -6,7 +6,9 @@ Usage::
     python protos/generate.py --check   # exit 1 if service/gen/ is stale
 
 It runs ``grpc_tools.protoc`` with the protobuf, gRPC and mypy-protobuf
-plugins on every ``.proto`` under ``protos/``, then rewrites the generated
+plugins on every ``.proto`` under ``protos/`` (except ``protos/releases/``,
+the snapshots of shipped releases that ``buf breaking`` compares against),
+then rewrites the generated
 imports so the Python package is ``service.gen.message_committer.v1`` while
 the proto package (and so every wire name) stays ``message_committer.v1``.
 """
@@ -26,6 +28,7 @@ PROTOS = Path(__file__).resolve().parent
 ROOT = PROTOS.parent
 GEN = ROOT / "service" / "gen"
 PY_PACKAGE = "service.gen"
+RELEASES = "releases"
 
 # A reference to a generated module: "from message_committer.v1 import x_pb2",
 # "import message_committer.v1.x_pb2" and the module names protoc writes into
@@ -49,7 +52,11 @@ def generate(out: Path) -> None:
     """Write the generated package (with ``__init__.py`` files) under ``out``."""
     from grpc_tools import protoc  # type: ignore[import-untyped]  # dev dependency only
 
-    sources = sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto"))
+    sources = sorted(
+        p.relative_to(PROTOS).as_posix()
+        for p in PROTOS.rglob("*.proto")
+        if RELEASES not in p.relative_to(PROTOS).parts
+    )
     if not sources:
         raise SystemExit("generate.py: no .proto files under protos/")
     well_known = resources.files("grpc_tools") / "_proto"

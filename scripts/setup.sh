@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the service and its tests need on a fresh Debian machine:
-# a virtualenv with the project and its dev tools, redis-server, promtool,
-# faketime (scripts/ab-bad-days.sh runs a replica with a fast clock), and the
-# command-line tools the tests use (buf, grpcurl, grpc-health-probe, hadolint).
-# Idempotent: a second run only checks.
+# a virtualenv with the project and its dev tools, redis-server, promtool, tmux
+# (the terminal chat's test drives two panes), faketime (scripts/ab-bad-days.sh
+# runs a replica with a fast clock), and the command-line tools the tests use
+# (buf, grpcurl, grpc-health-probe, hadolint). Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # the terminal chat's test drives two panes
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

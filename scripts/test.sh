@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: setup, generated-code check, lint,
-# types, then every test (unit, conformance on memory + a real redis-server +
+# The whole test suite, as CI runs it: setup, generated-code check, buf lint
+# and breaking-change check of the protos, lint, types, then every test (unit, conformance on memory + a real redis-server +
 # a real CQL node, end-to-end over real gRPC, deploy checks).
 # Extra arguments go to pytest, e.g. scripts/test.sh -m redis
 # Without arguments the cases marked both `cluster` and `slow` (the two-DC demonstration,
@@ -12,6 +12,8 @@ export PATH="$PWD/.tools/bin:$PWD/.tools/node_modules/.bin:$PATH"
 
 echo "== generated code is current"
 if [ -f protos/generate.py ]; then .venv/bin/python protos/generate.py --check; fi
+echo "== buf lint, and buf breaking against release 1's protos (protos/releases/r1)"
+(cd protos && buf lint && buf breaking --against releases/r1)
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -26,6 +26,8 @@ from service.domain.faults import FaultPoints
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
 from service.eventloop import running_loop_name
 from service.metrics import ServiceMetrics, instrument
+from service.relay import RelayRunner
+from service.relay_metrics import RelayMetrics
 from service.server import CommitServer
 from service.tracing import OFF, Tracing
 
@@ -54,7 +56,9 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
     if config.backend == "memory":
         from backends.memory import open_memory_backend
 
-        return open_memory_backend(settings=settings, clock=clock)
+        return open_memory_backend(
+            settings=settings, clock=clock, mailbox=config.mailbox_settings()
+        )
     if config.backend == "redis":
         from backends.redis import open_redis_backend
 
@@ -66,6 +70,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             allow_eviction=config.redis_allow_eviction,
             wait_replicas=redis_wait_replicas(config),
             wait_timeout_ms=int(config.redis_wait_timeout * 1000),
+            delivery=config.delivery_settings(),
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
@@ -85,6 +90,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             clock=clock,  # Scylla decides expiry by this clock, checked against the cluster
             max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
             node_routes=config.scylla_node_routes() or None,
+            delivery=config.delivery_settings(),
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 
@@ -138,6 +144,8 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             await backend.store.readiness()
             await backend.outbox.readiness()
+            if backend.delivery is not None:
+                await backend.delivery.readiness()
     except Exception as exc:
         await backend.close()
         hint = getattr(exc, "operator_hint", "")
@@ -174,6 +182,17 @@ def build_server(
         observer=metrics,
         recovery=config.recovery_policy(),
     )
+    relay = None
+    if backend.delivery is not None and not backend.delivery.shared:
+        # Nothing of this backend is visible to another process: its relay runs here.
+        relay = RelayRunner(
+            backend,
+            policy=config.relay_policy(),
+            idle_wait_s=config.relay_idle_wait,
+            metrics=RelayMetrics(metrics.registry),
+            clock=clock,
+            faults=faults,
+        )
     return CommitServer(
         config,
         backend,
@@ -182,6 +201,7 @@ def build_server(
         metrics,
         clock,
         interceptors=tracing.server_interceptors(),
+        relay=relay,
     )
 
 

@@ -51,9 +51,15 @@ from service.tracing import from_environment
 PROG = "message-committer"
 
 DELEGATED: dict[str, tuple[str, str]] = {
+    "relay": ("service.relay_main", "deliver the outbox into mailboxes (Redis, Scylla)"),
+    "relay-dead-letters": ("service.dead_letters", "list or requeue the relay's dead letters"),
     "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),
+    "bench-delivery": (
+        "toolkit.bench.delivery",
+        "measure commit-to-mailbox latency and fan-out throughput",
+    ),
     "fault-campaign": (
         "toolkit.campaign.cli",
         "run seeded fault-injection scenarios and check the invariants",
@@ -61,6 +67,11 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "nemesis": (
         "toolkit.nemesis.cli",
         "faults on replicas and a clustered backend, checked by two history checkers",
+    ),
+    "chat": ("client.chat", "a terminal chat on the client runtime (seed 001)"),
+    "client-campaign": (
+        "toolkit.client_campaign.cli",
+        "crash client runtimes at every fault point, with server kills; count lost and duplicated",
     ),
 }
 

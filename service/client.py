@@ -33,7 +33,9 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 
 from service.api import convert, errors
+from service.api.mailbox import page_from_proto, sync_request
 from service.domain.ids import CommitKey
+from service.domain.mailbox import MailboxCursor, MailboxPage
 from service.domain.model import (
     AuthenticatedSend,
     CommittedMessage,
@@ -45,6 +47,8 @@ from service.domain.model import (
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import (
     committer_pb2_grpc,
+    mailbox_pb2,
+    mailbox_pb2_grpc,
     membership_pb2_grpc,
     recovery_pb2,
     recovery_pb2_grpc,
@@ -100,8 +104,18 @@ class MembershipChange:
     member_count: int
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    """One entry of ListConversations: a conversation and the lane its messages use."""
+
+    conversation: str
+    version: int
+    member_count: int
+    lane: str
+
+
 class CommitClient:
-    """Calls both v1 services (and health) over one channel."""
+    """Calls the v1 services (and health) over one channel."""
 
     def __init__(self, channel: aio.Channel, retry: RetryPolicy | None = None) -> None:
         self._channel = channel
@@ -109,6 +123,7 @@ class CommitClient:
         self._commits = committer_pb2_grpc.MessageCommitterServiceStub(channel)
         self._members = membership_pb2_grpc.ConversationMembershipServiceStub(channel)
         self._recovery = recovery_pb2_grpc.RecoveryAdminServiceStub(channel)
+        self._mailbox = mailbox_pb2_grpc.MailboxServiceStub(channel)
         self._health_check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -248,6 +263,38 @@ class CommitClient:
         )
         response = await self._call(self._members.ListMembers, request)
         return MemberPage(tuple(response.members), response.version, response.next_page_token)
+
+    async def list_conversations(
+        self, tenant: str, user: str, *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[ConversationSummary], str]:
+        """One page of the user's conversations and the next page's token ("" at the end)."""
+        request = mpb.ListConversationsRequest(
+            tenant=tenant, user=user, page_size=page_size, page_token=page_token
+        )
+        response = await self._call(self._members.ListConversations, request)
+        found = [
+            ConversationSummary(c.conversation, c.version, c.member_count, c.lane)
+            for c in response.conversations
+        ]
+        return found, response.next_page_token
+
+    # --- MailboxService ----------------------------------------------------------------
+
+    async def sync(
+        self, tenant: str, user: str, cursor: MailboxCursor, *, limit: int = 0, max_bytes: int = 0
+    ) -> MailboxPage:
+        """The next page after ``cursor`` (CursorExpired when it cannot continue)."""
+        request = sync_request(tenant, user, cursor, limit, max_bytes)
+        return page_from_proto(await self._call(self._mailbox.Sync, request))
+
+    def subscribe(
+        self, tenant: str, user: str, heartbeat_seconds: int = 0
+    ) -> aio.UnaryStreamCall[mailbox_pb2.SubscribeRequest, mailbox_pb2.SubscribeResponse]:
+        """The hint stream of the user's lanes (iterate it; ``cancel()`` to end it)."""
+        request = mailbox_pb2.SubscribeRequest(
+            tenant=tenant, user=user, heartbeat_seconds=heartbeat_seconds
+        )
+        return self._mailbox.Subscribe(request)
 
     # --- RecoveryAdminService --------------------------------------------------------
 

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.domain.delivery import DeliverySettings, MailboxSettings
 from service.domain.limits import CommitLimits
 from service.domain.ports import StoreSettings
 from service.domain.recovery import RecoveryPolicy
+from service.domain.relay import RelayPolicy
 
 BACKENDS = ("memory", "redis", "scylla")
 LOG_FORMATS = ("text", "json")
@@ -210,6 +212,54 @@ class ServiceConfig:
     sender_burst: int = _LIMITS.sender_burst
     """Sends a sender may make at once before the rate applies."""
 
+    fanout_threshold: int = 1000
+    """Conversations with more members than this are not fanned out to each
+    member's inbox: their messages go to one lane of their own,
+    conversation:<id>, that members sync. Sticky: a conversation that had its
+    own lane keeps it. Serve and relay must agree (docs/delivery.md)."""
+
+    mailbox_retention: float = field(default=7 * 86400.0, metadata=_DURATION)
+    """How long a mailbox entry stays; older groups are trimmed and a cursor
+    below the trim watermark gets CURSOR_EXPIRED (the client rebuilds)."""
+
+    mailbox_max_entries: int = 10_000
+    """Most entries one mailbox lane keeps; older groups are trimmed."""
+
+    subscribe_poll_interval: float = field(default=1.0, metadata=_DURATION)
+    """How often a Subscribe stream looks at its user's lanes for new entries."""
+
+    relay_http_address: str = "127.0.0.1:9465"
+    """HOST:PORT of the relay's HTTP side port (/metrics, /healthz, /readyz)."""
+
+    relay_lease: float = field(default=10.0, metadata=_DURATION)
+    """How long a relay's lease on an outbox partition lasts unless renewed
+    (every third of it); a dead relay's partitions move after this."""
+
+    relay_batch: int = 100
+    """Outbox entries a relay claims and fans out together per step (1 to 1000)."""
+
+    relay_idle_wait: float = field(default=1.0, metadata=_DURATION)
+    """Longest a relay waits for new outbox entries before looking again."""
+
+    relay_max_attempts: int = 10
+    """Failed delivery attempts after which an outbox entry is dead-lettered."""
+
+    relay_first_retry: float = field(default=1.0, metadata=_DURATION)
+    """Delay before a failed delivery is tried again; doubles each time."""
+
+    relay_max_retry: float = field(default=60.0, metadata=_DURATION)
+    """Longest delay between two delivery attempts of one outbox entry."""
+
+    relay_settle_window: float = field(default=10.0, metadata=_DURATION)
+    """Scylla only: outbox entries younger than this are delivered at once but
+    acknowledged only once older, because a writer with a slower clock may
+    still add an entry before them (keep it above the request timeout plus
+    MC_SCYLLA_MAX_CLOCK_SKEW)."""
+
+    relay_outbox_retention: float = field(default=86400.0, metadata=_DURATION)
+    """How long delivered outbox entries are kept before the relay trims them
+    (Redis streams; the Scylla outbox expires by TTL)."""
+
     test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
     """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to
     show what a skewed host does. Never set it in production."""
@@ -240,6 +290,29 @@ class ServiceConfig:
         return StoreSettings(
             idempotency_window_ms=int(self.idempotency_window * 1000),
             history_retention_ms=int(self.history_retention * 1000),
+        )
+
+    def relay_policy(self) -> RelayPolicy:
+        return RelayPolicy(
+            batch=self.relay_batch,
+            lease_ms=int(self.relay_lease * 1000),
+            fanout_threshold=self.fanout_threshold,
+            max_attempts=self.relay_max_attempts,
+            first_retry_ms=int(self.relay_first_retry * 1000),
+            max_retry_ms=int(self.relay_max_retry * 1000),
+        )
+
+    def mailbox_settings(self) -> MailboxSettings:
+        return MailboxSettings(
+            retention_ms=int(self.mailbox_retention * 1000),
+            max_entries=self.mailbox_max_entries,
+        )
+
+    def delivery_settings(self) -> DeliverySettings:
+        return DeliverySettings(
+            mailbox=self.mailbox_settings(),
+            outbox_retention_ms=int(self.relay_outbox_retention * 1000),
+            settle_window_ms=int(self.relay_settle_window * 1000),
         )
 
     def recovery_policy(self) -> RecoveryPolicy:
@@ -491,7 +564,10 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "max_body_ref_uri_bytes", "max_custom_type_chars", "max_history_page",
         "max_history_page_bytes", "sender_burst", "scylla_port", "redis_max_connections",
         "recovery_first_retry", "recovery_max_retry", "recovery_quarantine_after",
-        "scylla_max_clock_skew", "redis_wait_timeout",
+        "scylla_max_clock_skew", "redis_wait_timeout", "fanout_threshold", "mailbox_retention",
+        "mailbox_max_entries", "subscribe_poll_interval", "relay_lease", "relay_batch",
+        "relay_idle_wait", "relay_max_attempts", "relay_first_retry", "relay_max_retry",
+        "relay_settle_window", "relay_outbox_retention",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
@@ -501,6 +577,13 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             "MC_HISTORY_RETENTION must be at least MC_IDEMPOTENCY_WINDOW: a replayed ACK"
             " must point at a message history still holds"
         )
+    split_address(config.relay_http_address, "MC_RELAY_HTTP_ADDRESS/--relay-http-address")
+    if config.relay_batch > 1000:
+        raise ConfigError("MC_RELAY_BATCH must be at most 1000")
+    if config.relay_lease < 1.0:
+        raise ConfigError("MC_RELAY_LEASE must be at least 1s")
+    if config.relay_max_retry < config.relay_first_retry:
+        raise ConfigError("MC_RELAY_MAX_RETRY must be at least MC_RELAY_FIRST_RETRY")
     if config.recovery_max_retry < config.recovery_first_retry:
         raise ConfigError("MC_RECOVERY_MAX_RETRY must be at least MC_RECOVERY_FIRST_RETRY")
     for name in (

@@ -2,15 +2,18 @@
 
 ``CommitServer`` owns, for one process:
 
-* the grpc.aio server with the three v1 services, ``grpc.health.v1`` and
-  server reflection, behind the one StatusInterceptor;
+* the grpc.aio server with the v1 services (commits, membership, recovery
+  admin, mailboxes), ``grpc.health.v1`` and server reflection, behind the
+  one StatusInterceptor;
 * the readiness probe that drives health, and the recovery loop;
+* on a backend whose data lives in this process (memory), the outbox relay
+  too (``service.relay``); on the others it is ``message-committer relay``;
 * the HTTP side port (/metrics, /healthz, /readyz);
 * the backend, which it closes last.
 
-Shutdown order (``stop``): health turns NOT_SERVING for good, the side loops
-stop, ``server.stop(grace)`` lets in-flight RPCs finish while refusing new
-ones, the HTTP side closes, then the backend.
+Shutdown order (``stop``): health turns NOT_SERVING for good, Subscribe
+streams end, the side loops stop, ``server.stop(grace)`` lets in-flight RPCs
+finish while refusing new ones, the HTTP side closes, then the backend.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
 from service.api.interceptor import StatusInterceptor
+from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
 from service.config import ConfigError, ServiceConfig, read_file, split_address
@@ -35,6 +39,8 @@ from service.domain.ports import Backend, Clock
 from service.gen.message_committer.v1 import (
     committer_pb2,
     committer_pb2_grpc,
+    mailbox_pb2,
+    mailbox_pb2_grpc,
     membership_pb2,
     membership_pb2_grpc,
     recovery_pb2,
@@ -44,6 +50,7 @@ from service.health import ReadinessHealthServicer, ReadinessProbe
 from service.httpside import HttpSide
 from service.metrics import InstrumentedStore, ServiceMetrics
 from service.recovery import RecoveryLoop
+from service.relay import RelayRunner
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +59,9 @@ MEMBERSHIP_SERVICE = membership_pb2.DESCRIPTOR.services_by_name[
     "ConversationMembershipService"
 ].full_name
 RECOVERY_SERVICE = recovery_pb2.DESCRIPTOR.services_by_name["RecoveryAdminService"].full_name
+MAILBOX_SERVICE = mailbox_pb2.DESCRIPTOR.services_by_name["MailboxService"].full_name
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE, RECOVERY_SERVICE)
+SERVICES = (COMMITTER_SERVICE, MEMBERSHIP_SERVICE, RECOVERY_SERVICE, MAILBOX_SERVICE)
 LOOP_STOP_TIMEOUT_S = 5.0
 
 
@@ -70,10 +78,15 @@ class CommitServer:
         clock: Clock,
         *,
         interceptors: Sequence[aio.ServerInterceptor] = (),
+        relay: RelayRunner | None = None,
     ) -> None:
-        """``interceptors`` run outside the StatusInterceptor (tracing's server span)."""
+        """``interceptors`` run outside the StatusInterceptor (tracing's server span);
+        ``relay`` runs inside this server (the memory backend's)."""
+        if backend.delivery is None:
+            raise ValueError("a server needs its backend's delivery side")
         self.config = config
         self.backend = backend
+        self.relay = relay
         self.committer = committer
         self.metrics = metrics
         self.health = ReadinessHealthServicer()
@@ -112,7 +125,19 @@ class CommitServer:
             CommitterServicer(committer, clock), self._server
         )
         membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
-            MembershipServicer(backend.membership), self._server
+            MembershipServicer(backend.membership, backend.delivery, config.fanout_threshold),
+            self._server,
+        )
+        self._stopping = asyncio.Event()
+        mailbox_pb2_grpc.add_MailboxServiceServicer_to_server(
+            MailboxServicer(
+                backend.delivery,
+                backend.membership,
+                clock,
+                poll_interval_s=config.subscribe_poll_interval,
+                stopping=self._stopping,
+            ),
+            self._server,
         )
         recovery_pb2_grpc.add_RecoveryAdminServiceServicer_to_server(
             RecoveryAdminServicer(committer), self._server
@@ -164,10 +189,21 @@ class CommitServer:
                 name="recovery-gauges",
             ),
         ]
+        if self.relay is not None:
+            self._loops.append(asyncio.create_task(self._run_relay(), name="relay"))
+
+    async def _run_relay(self) -> None:
+        """The in-process relay (memory); an injected crash ends it, as in a relay process."""
+        assert self.relay is not None
+        try:
+            await self.relay.run(self._stop_loops)
+        except Exception as exc:
+            log.error("the in-process relay stopped: %s", type(exc).__name__)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, stop loops, drain RPCs, close HTTP and backend."""
         await self.probe.enter_shutdown()
+        self._stopping.set()
         self._stop_loops.set()
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=LOOP_STOP_TIMEOUT_S)

@@ -16,7 +16,9 @@ Layout (every map is keyed by tuples, so ids never collide across tenants):
   seq and the seqs of unfinished intents (pinned against retention);
 * ``queue``: the recovery queue, one entry per unfinished key (creation and
   due time, attempts, last problem, quarantined);
-* ``outbox``: a list; a publication's position is its 1-based index.
+* ``outbox``: a list; a publication's position is its 1-based index;
+* ``delivery``: mailboxes, the per-user conversation index and the relay's
+  partition bookkeeping (``backends.memory.delivery``, ``.partitions``).
 
 Retention is swept lazily at the start of each operation: committed records
 past the idempotency window are dropped; history expires as a prefix (when a
@@ -30,10 +32,17 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+from backends.memory.delivery import (
+    MemoryConversationIndex,
+    MemoryHistoryRecords,
+    MemoryMailboxStore,
+)
 from backends.memory.members import MemoryMembershipStore
 from backends.memory.outbox import MemoryOutbox
+from backends.memory.partitions import MemoryOutboxPartitions
 from backends.memory.state import MemoryState
 from backends.memory.store import MemoryMessageStore
+from service.domain.delivery import DeliveryPorts, MailboxSettings
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
 __all__ = ["NOT_DURABLE", "MemoryMessageStore", "MemoryState", "open_memory_backend"]
@@ -48,18 +57,27 @@ def open_memory_backend(
     settings: StoreSettings | None = None,
     clock: Clock | None = None,
     identity_form: Literal["digest", "whole"] = "digest",
+    mailbox: MailboxSettings | None = None,
 ) -> Backend:
     """A memory backend; pass the ``state`` of a closed one to "reopen" it."""
     state = state if state is not None else MemoryState()
+    clock = clock or SystemClock()
     members = MemoryMembershipStore(state)
     store = MemoryMessageStore(
-        state, members, (settings or StoreSettings()).validate(), clock or SystemClock(),
-        identity_form,
-    )  # fmt: skip
+        state, members, (settings or StoreSettings()).validate(), clock, identity_form
+    )
+    delivery = DeliveryPorts(
+        mailbox=MemoryMailboxStore(state, mailbox or MailboxSettings(), clock),
+        partitions=MemoryOutboxPartitions(state, clock),
+        index=MemoryConversationIndex(state),
+        records=MemoryHistoryRecords(state),
+        shared=False,
+    )
     return Backend(
         name="memory",
         store=store,
         membership=members,
-        outbox=MemoryOutbox(state),
+        outbox=MemoryOutbox(state, clock),
         durable=False,
+        delivery=delivery,
     )

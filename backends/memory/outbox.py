@@ -1,18 +1,22 @@
-"""The memory outbox: a list standing in for a stream; positions are 1-based indexes."""
+"""The memory outbox: a list standing in for a stream; positions are 1-based indexes.
+
+The relay reads it as partitions (``backends.memory.partitions``); a publish
+wakes a relay waiting for entries."""
 
 from __future__ import annotations
 
 from backends.memory.state import MemoryState
 from service.domain.errors import StoreInvalid
 from service.domain.model import CommitIntent, OutboxEntry, OutboxPage, OutboxPublication
-from service.domain.ports import Hook, Outbox
+from service.domain.ports import Clock, Hook, Outbox, SystemClock
 
 STREAM = "memory"
 
 
 class MemoryOutbox(Outbox):
-    def __init__(self, state: MemoryState) -> None:
+    def __init__(self, state: MemoryState, clock: Clock | None = None) -> None:
         self._state = state
+        self._clock = clock or SystemClock()
 
     async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
         entries = self._state.outbox
@@ -27,8 +31,10 @@ class MemoryOutbox(Outbox):
                 r.message_id,
                 d.recipients,
                 d.membership_version,
+                self._clock.now_ms(),
             )
         )
+        self._state.delivery.ring()
         if sent is not None:
             sent()
         return publication

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from service.domain.membership import Intervals
 from service.domain.model import (
@@ -14,6 +15,9 @@ from service.domain.model import (
     OutboxEntry,
     OutboxPublication,
 )
+
+if TYPE_CHECKING:
+    from backends.memory.delivery import DeliveryState
 
 Key3 = tuple[str, str, str]
 ConvKey = tuple[str, str]
@@ -108,3 +112,10 @@ class MemoryState:
     commit_expiry: deque[tuple[int, Key3]] = field(default_factory=deque)
     history_expiry: deque[tuple[int, ConvKey, int]] = field(default_factory=deque)
     outbox: list[OutboxEntry] = field(default_factory=list)
+    delivery: DeliveryState = field(default_factory=lambda: _delivery_state())
+
+
+def _delivery_state() -> DeliveryState:
+    from backends.memory.delivery import DeliveryState
+
+    return DeliveryState()

@@ -13,7 +13,10 @@ migrate --backend redis``) created; it never initialises one itself. Modules:
 * ``deployment``: the identity, the eviction check and the upgrade from
   release 1; ``store``: the MessageStore; ``outbox``: the per-shard streams;
 * ``sizing``: measures a committed record's memory (``python -m
-  backends.redis.sizing``).
+  backends.redis.sizing``);
+* ``mailbox``, ``partitions``, ``delivery``: the delivery side (mailboxes,
+  the outbox streams as leased relay partitions, the per-user conversation
+  index, history records for the relay).
 
 See ``docs/redis.md`` for durability, Sentinel and Cluster, and measured sizes.
 """
@@ -23,8 +26,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from backends.redis import commits, history, members, recovery
+from backends.redis import commits, delivery, history, members, recovery
 from backends.redis.commits import CommitCalls
+from backends.redis.delivery import open_delivery as delivery_side
 from backends.redis.deployment import check_eviction, check_identity, read_deployment
 from backends.redis.keys import KeySpace, check_prefix
 from backends.redis.link import RedisLink, connect
@@ -32,6 +36,7 @@ from backends.redis.lua import Script
 from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
+from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
 from service.domain.ports import Backend, Clock, StoreSettings
 
@@ -42,6 +47,7 @@ SCRIPTS: tuple[Script, ...] = (
     *members.SCRIPTS,
     *history.SCRIPTS,
     *recovery.SCRIPTS,
+    *delivery.SCRIPTS,
 )
 
 
@@ -75,6 +81,7 @@ async def open_redis_backend(
     wait_replicas: int = 0,
     wait_timeout_ms: int = 1000,
     test_clock: Clock | None = None,
+    delivery: DeliverySettings | None = None,
 ) -> Backend:
     """Connect, check the deployment identity and the eviction policy, load the scripts.
 
@@ -110,6 +117,11 @@ async def open_redis_backend(
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
     calls = CommitCalls(link, keys, deployment.identity, test_clock)
+    try:
+        ports = await delivery_side(calls, delivery or DeliverySettings())
+    except StoreError:
+        await link.close()
+        raise
     store = RedisMessageStore(
         calls,
         (settings or StoreSettings()).validate(),
@@ -126,6 +138,7 @@ async def open_redis_backend(
         outbox=RedisOutbox(link, keys),
         durable=True,
         requests=link.requests,
+        delivery=ports,
     )
     backend.closers.append(link.close)
     return backend

@@ -284,6 +284,35 @@ class RedisLink:
             raise StoreWiped("redis: this shard does not hold the deployment's data")
         return reply
 
+    async def scripts(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]], *, write: bool
+    ) -> list[Any]:
+        """EVALSHA ``script`` once per (keys, args), pipelined: one round trip per
+        server. On NOSCRIPT the script is loaded and the whole pipeline sent again
+        (every script of this backend is safe to repeat). Replies in order; a
+        ``{"wiped"}`` reply raises StoreWiped."""
+        commands = [("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls]
+        self.requests[CALL] += 1
+        try:
+            try:
+                replies = await self._pipeline(commands)
+            except rx.NoScriptError:
+                self.requests[CALL] += 2
+                await self.every_primary("SCRIPT", "LOAD", script.source)
+                replies = await self._pipeline(commands)
+        except rx.RedisError as exc:
+            raise translate(exc, write=write) from None
+        for reply in replies:
+            if isinstance(reply, list) and reply and reply[0] == b"wiped":
+                raise StoreWiped("redis: this shard does not hold the deployment's data")
+        return replies
+
+    async def _pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                cast(Callable[..., object], pipe.execute_command)(*command)
+            return list(await pipe.execute())
+
     async def script_and_wait(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
     ) -> tuple[Any, int]:

@@ -14,7 +14,8 @@ Release 1 wrote ``r``, the recipients inline, to one stream ``P:outbox``; it
 is read as the first partition ("legacy") for as long as it exists.
 
 ``read`` (tests and tools) walks the partitions in order with a token
-``<partition>|<entry id>``; the relay consumes them with consumer groups.
+``<partition>|<entry id>``; the relay consumes them with consumer groups
+(``backends.redis.partitions``).
 """
 
 from __future__ import annotations
@@ -93,39 +94,46 @@ class RedisOutbox(Outbox):
             )
             if not isinstance(entries, list):
                 raise StoreCorrupt("redis gave an unexpected reply")
-            found += [self._entry(streams[index], e) for e in entries]
+            found += [decode_entry(streams[index], e) for e in entries]
             if entries:
                 position = found[-1].publication.position
             if len(entries) < want:  # this partition is drained: on to the next
                 index, position = index + 1, ""
         return OutboxPage(tuple(found), f"{index}|{position}")
 
-    def _entry(self, stream: str, entry: Any) -> OutboxEntry:
-        if not isinstance(entry, list | tuple) or len(entry) != 2:
-            raise StoreCorrupt("an outbox entry is malformed")
-        position, raw = entry
-        fields = codec.pairs(list(raw)) if isinstance(raw, list | tuple) else _as_dict(raw)
-        recipients: tuple[str, ...] | None = None
-        if b"r" in fields:
-            try:
-                inline = json.loads(fields[b"r"])
-            except ValueError as exc:
-                raise StoreCorrupt("an outbox entry could not be decoded") from exc
-            if not isinstance(inline, list) or not all(isinstance(x, str) for x in inline):
-                raise StoreCorrupt("an outbox entry is malformed")
-            recipients = tuple(inline)
-        return OutboxEntry(
-            publication=OutboxPublication(stream, codec.to_str(position)),
-            tenant=codec.to_str(fields.get(b"t")),
-            conversation=codec.to_str(fields.get(b"c")),
-            seq=codec.to_int(fields.get(b"s")),
-            message_id=codec.to_str(fields.get(b"m")),
-            recipients=recipients,
-            membership_version=codec.to_int(fields.get(b"v", b"0")),
-        )
-
     async def readiness(self) -> None:
         await self._link.call("PING", write=False)
+
+
+def decode_entry(stream: str, entry: Any) -> OutboxEntry:
+    """One stream entry (``[id, fields]``) as an OutboxEntry; its publication time
+    is the entry id's milliseconds (Redis's own clock)."""
+    if not isinstance(entry, list | tuple) or len(entry) != 2:
+        raise StoreCorrupt("an outbox entry is malformed")
+    position, raw = entry
+    fields = codec.pairs(list(raw)) if isinstance(raw, list | tuple) else _as_dict(raw)
+    recipients: tuple[str, ...] | None = None
+    if b"r" in fields:
+        try:
+            inline = json.loads(fields[b"r"])
+        except ValueError as exc:
+            raise StoreCorrupt("an outbox entry could not be decoded") from exc
+        if not isinstance(inline, list) or not all(isinstance(x, str) for x in inline):
+            raise StoreCorrupt("an outbox entry is malformed")
+        recipients = tuple(inline)
+    text = codec.to_str(position)
+    if not _POSITION_RE.fullmatch(text):
+        raise StoreCorrupt("an outbox entry id is malformed")
+    return OutboxEntry(
+        publication=OutboxPublication(stream, text),
+        tenant=codec.to_str(fields.get(b"t")),
+        conversation=codec.to_str(fields.get(b"c")),
+        seq=codec.to_int(fields.get(b"s")),
+        message_id=codec.to_str(fields.get(b"m")),
+        recipients=recipients,
+        membership_version=codec.to_int(fields.get(b"v", b"0")),
+        published_ms=int(text.partition("-")[0]),
+    )
 
 
 def _as_dict(raw: Any) -> dict[bytes, bytes]:

@@ -18,9 +18,10 @@ from backends.scylla import (
     skew,
     store,
 )
+from backends.scylla.delivery import open_delivery
 from backends.scylla.history import TTL_SLACK_S, History, ttl_s
 from backends.scylla.members import ScyllaMembershipStore
-from backends.scylla.outbox import ScyllaOutbox
+from backends.scylla.outbox_log import PartitionedOutbox
 from backends.scylla.recovery import RecoveryIndex
 from backends.scylla.schema import (
     READ_VERSION,
@@ -31,6 +32,7 @@ from backends.scylla.schema import (
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
+from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
@@ -82,6 +84,7 @@ async def open_scylla_backend(
     namespace: str = "",
     max_clock_skew_ms: int | None = 3000,
     node_routes: NodeRoutes | None = None,
+    delivery: DeliverySettings | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -138,6 +141,7 @@ async def open_scylla_backend(
             }
         )
         await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_OPEN)
+        ports = await open_delivery(cql, namespace, clock, delivery or DeliverySettings())
     except BaseException:
         await cql.close()
         raise
@@ -166,8 +170,11 @@ async def open_scylla_backend(
         name="scylla",
         store=message_store,
         membership=membership,
-        outbox=ScyllaOutbox(cql, namespace, readiness),
+        # Schema 3: commits publish to the partitioned outbox the relays lease
+        # (backends.scylla.outbox_log, .relay); the old table is drained as its legacy partition.
+        outbox=PartitionedOutbox(cql, namespace, readiness),
         durable=True,
         closers=[cql.close],
         requests=requests,
+        delivery=ports,
     )

@@ -37,7 +37,8 @@ recovery_created    (namespace, minute, shard) /    unfinished intents by creati
 recovery_buckets    (namespace) / minute            minutes that may still hold entries of either
                                                     (partition "ns:<ns>": queue, "created:<ns>")
 recovery_quarantine (namespace) / key               quarantined intents
-outbox              (namespace, day) / position     the outbox log, position = timeuuid
+outbox              (namespace, day) / position     the outbox log, position = timeuuid (schema 3
+                                                   on: drained as the relay's legacy partition)
 outbox_days         (namespace) / day               days that hold outbox entries
 schema_version      (scope) / version DESC          applied migrations
 ==================  ==============================  ==============================================
@@ -49,10 +50,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.scylla import delivery_schema
 from service.domain.errors import StoreInvalid
 
 SCHEMA_SCOPE = "message_committer"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HISTORY_BUCKET = 1000
 """Sequence numbers per history partition: bounded partitions, few reads per page."""
 
@@ -176,6 +178,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             Column("outbox", "membership_version", "bigint"),
         ),
     ),
+    Migration(3, delivery_schema.DESCRIPTION, delivery_schema.TABLES),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION
 

@@ -8,10 +8,22 @@ Membership is changed and listed in pages (up to 10,000 users per call, up to
 1,000 per listed page), so a conversation of a million members is managed
 like a small one. ListMembers' page token is opaque and pins the version the
 first page was read at (``service.domain.membership.page_token``).
+
+The per-user conversation index (``ConversationIndex``) behind
+ListConversations is written so that it never misses a membership: users are
+indexed *before* they are added (a failed add leaves an extra entry), and
+unindexed only *after* they were removed (a failed cleanup leaves an extra
+entry, and the call fails so the caller retries). Extra entries never show:
+ListConversations confirms every entry with an admission lookup. It reports
+each conversation's lane: its own (``conversation:<id>``) when it has more
+members than the fan-out threshold or has had its own lane, else ``inbox``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +32,7 @@ from grpc import aio
 
 from service.api.errors import ConversationExists
 from service.domain import membership as rules
+from service.domain.delivery import DeliveryPorts
 from service.domain.errors import (
     ConversationNotFound,
     InvalidRequest,
@@ -30,6 +43,7 @@ from service.domain.errors import (
     Unavailable,
 )
 from service.domain.ids import check_id
+from service.domain.mailbox import INBOX, Mailbox, conversation_lane
 from service.domain.model import MembershipInfo
 from service.domain.ports import MembershipStore
 from service.gen.message_committer.v1 import membership_pb2 as pb
@@ -40,6 +54,8 @@ Context = aio.ServicerContext[Any, Any]
 MAX_MEMBERS_PER_CALL = 10_000
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+LOOKUP_CONCURRENCY = 32
+_TOKEN_TAG = b"c1\x00"
 
 
 @contextmanager
@@ -78,11 +94,28 @@ def _version(membership: MembershipInfo) -> pb.MembershipVersion:
     )
 
 
-class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServicer):
-    """Serves message_committer.v1.ConversationMembershipService over a MembershipStore."""
+def _conversations_token(after: str) -> str:
+    return base64.urlsafe_b64encode(_TOKEN_TAG + after.encode()).decode().rstrip("=")
 
-    def __init__(self, store: MembershipStore) -> None:
+
+def _parse_conversations_token(token: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        if not raw.startswith(_TOKEN_TAG) or len(raw) == len(_TOKEN_TAG):
+            raise ValueError
+        return raw[len(_TOKEN_TAG) :].decode()
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest("page_token is not one this service issued") from None
+
+
+class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServicer):
+    """Serves message_committer.v1.ConversationMembershipService over a MembershipStore
+    and the per-user conversation index of the backend's delivery side."""
+
+    def __init__(self, store: MembershipStore, delivery: DeliveryPorts, threshold: int) -> None:
         self._store = store
+        self._delivery = delivery
+        self._threshold = threshold
 
     async def CreateConversation(
         self, request: pb.CreateConversationRequest, context: Context
@@ -90,6 +123,7 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         tenant, conversation = _conversation(request.tenant, request.conversation)
         members = _members(request.members)
         with _store_errors():
+            await self._delivery.index.add(tenant, conversation, sorted(set(members)))
             created = await self._store.create_conversation(tenant, conversation, members)
         return pb.CreateConversationResponse(membership=_version(created))
 
@@ -99,6 +133,9 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         tenant, conversation = _conversation(request.tenant, request.conversation)
         members = _members(request.members)
         with _store_errors():
+            if await self._store.membership_info(tenant, conversation) is None:
+                raise StoreNotFound("conversation not found")
+            await self._delivery.index.add(tenant, conversation, sorted(set(members)))
             changed = await self._store.add_members(tenant, conversation, members)
         return pb.AddMembersResponse(membership=_version(changed))
 
@@ -109,6 +146,7 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         members = _members(request.members)
         with _store_errors():
             changed = await self._store.remove_members(tenant, conversation, members)
+            await self._delivery.index.remove(tenant, conversation, sorted(set(members)))
         return pb.RemoveMembersResponse(membership=_version(changed))
 
     async def ListMembers(
@@ -128,3 +166,48 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         return pb.ListMembersResponse(
             members=list(page.members), version=page.version, next_page_token=token
         )
+
+    async def ListConversations(
+        self, request: pb.ListConversationsRequest, context: Context
+    ) -> pb.ListConversationsResponse:
+        tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
+        if request.page_size > MAX_PAGE_SIZE:
+            raise InvalidRequest(f"page_size must be at most {MAX_PAGE_SIZE}")
+        after = _parse_conversations_token(request.page_token) if request.page_token else ""
+        with _store_errors():
+            ids, next_after = await self._delivery.index.conversations(
+                tenant, user, after, request.page_size or DEFAULT_PAGE_SIZE
+            )
+            summaries = await self._summaries(tenant, user, ids)
+        token = _conversations_token(next_after) if next_after else ""
+        return pb.ListConversationsResponse(conversations=summaries, next_page_token=token)
+
+    async def _summaries(
+        self, tenant: str, user: str, ids: Sequence[str]
+    ) -> list[pb.ConversationSummary]:
+        """The indexed conversations ``user`` is a member of now, with their lanes."""
+        limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
+
+        async def look(conversation: str) -> MembershipInfo | None:
+            async with limit:
+                admission = await self._store.admission(tenant, conversation, user)
+                if admission is None or not admission.member:
+                    return None  # a stale index entry: never shown
+                return await self._store.membership_info(tenant, conversation)
+
+        infos = [i for i in await asyncio.gather(*(look(c) for c in ids)) if i is not None]
+        states = await self._delivery.mailbox.lane_state(
+            [Mailbox.conversation(tenant, i.conversation) for i in infos]
+        )
+        result = []
+        for info, state in zip(infos, states, strict=True):
+            big = info.member_count > self._threshold or state.head > 0 or state.epoch > 1
+            result.append(
+                pb.ConversationSummary(
+                    conversation=info.conversation,
+                    version=info.version,
+                    member_count=info.member_count,
+                    lane=conversation_lane(info.conversation) if big else INBOX,
+                )
+            )
+        return result

@@ -27,6 +27,7 @@ from service.domain.errors import (
     CommitError,
     CommitNotFound,
     ConversationNotFound,
+    CursorExpired,
     IdempotencyConflict,
     InvalidClientMessageId,
     InvalidRequest,
@@ -86,6 +87,7 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     ),
     CommitNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "COMMIT_NOT_FOUND"),
     ConversationNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "CONVERSATION_NOT_FOUND"),
+    CursorExpired: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "CURSOR_EXPIRED"),
     Unavailable: StatusRule(
         grpc.StatusCode.UNAVAILABLE,
         "BACKEND_UNAVAILABLE",
@@ -126,6 +128,13 @@ def _metadata(exc: BaseException) -> dict[str, str]:
         }
     if isinstance(exc, IdempotencyConflict):
         return {"tenant": exc.key.tenant, "sender": exc.key.sender, "cmid": exc.key.cmid}
+    if isinstance(exc, CursorExpired):
+        return {
+            "lane": exc.lane,
+            "epoch": str(exc.epoch),
+            "trim_watermark": str(exc.trim_watermark),
+            "why": exc.why,
+        }
     return {}
 
 
@@ -206,7 +215,18 @@ def from_status(code: grpc.StatusCode, message: str, details: StatusDetails) -> 
         return Recoverable(_key(md), md.get("conversation", ""), md.get("stage", "unknown"))
     if cls is QuotaExceeded:
         return QuotaExceeded(message, details.retry_after_s or 1.0)
+    if cls is CursorExpired:
+        return CursorExpired(
+            md.get("lane", ""),
+            _number(md.get("epoch")),
+            _number(md.get("trim_watermark")),
+            md.get("why", ""),
+        )
     return cls(message)
+
+
+def _number(text: str | None) -> int:
+    return int(text) if text and text.isdigit() else 0
 
 
 def _key(md: Mapping[str, str]) -> CommitKey:

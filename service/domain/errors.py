@@ -10,7 +10,13 @@
     │   │                        replaced, an empty replica promoted)
     │   └── StoreMisconfigured   a backend setting could lose ACKed data (eviction)
     ├── StoreConflict            a conditional step was refused: wrong prior state,
-    │                            a different publication, a missing record
+    │   │                        a different publication, a missing record
+    │   ├── IllegalTransition    an outbox entry state change the relay's state
+    │   │                        machine forbids (never silently normalised)
+    │   ├── LeaseLost            a partition operation by a relay whose lease
+    │   │                        token is no longer the partition's latest
+    │   └── StoreFenced          a mailbox write carrying a fencing token older
+    │                            than one the mailbox has already seen
     ├── StoreNotFound            the addressed thing does not exist (conversation, ...)
     ├── StoreAlreadyExists       a create met an existing thing (conversation)
     ├── StoreForbidden           the actor is not a member of the conversation
@@ -28,6 +34,9 @@
     ├── IdempotencyConflict      the key was used before by a different request
     ├── Recoverable              the commit stopped part-way; the same key finishes it
     ├── CommitNotFound           resume of a key that was never reserved
+    ├── CursorExpired            a mailbox cursor below the trim watermark, of another
+    │                            epoch, or ahead of the lane: rebuild, never an
+    │                            empty page
     └── Unavailable              the backend is not ready (readiness, reads)
 
 Messages are written for the caller: they name fields and rules, never the
@@ -90,6 +99,21 @@ class StoreNotReplicated(StoreOutcomeUnknown):
 
 class StoreConflict(StoreError):
     """A conditional step was refused because the stored state does not allow it."""
+
+
+class IllegalTransition(StoreConflict):
+    """An outbox entry was asked to move between states the relay's state machine
+    does not connect (``service.domain.relay.TRANSITIONS``)."""
+
+
+class LeaseLost(StoreConflict):
+    """The relay's lease on an outbox partition is gone: another relay holds a
+    newer fencing token, so this one may record nothing for that partition."""
+
+
+class StoreFenced(StoreConflict):
+    """A mailbox refused a write whose fencing token is older than one it has
+    already accepted for that partition: the writer was deposed."""
 
 
 class StoreNotFound(StoreError):
@@ -172,6 +196,22 @@ class Recoverable(CommitError):
 
 class CommitNotFound(CommitError):
     """Resume was asked for a key that has no intent (or it expired)."""
+
+
+class CursorExpired(CommitError):
+    """A Sync cursor the lane cannot continue from: below its trim watermark, of
+    another epoch, or ahead of what the lane holds. The client rebuilds (seed
+    001's REBUILD), then syncs on from ``(lane, epoch, trim_watermark)``."""
+
+    def __init__(self, lane: str, epoch: int, trim_watermark: int, why: str) -> None:
+        super().__init__(
+            f"the mailbox cursor cannot continue ({why}); rebuild, then sync from the"
+            " trim watermark of the lane's current epoch"
+        )
+        self.lane = lane
+        self.epoch = epoch
+        self.trim_watermark = trim_watermark
+        self.why = why
 
 
 class Unavailable(CommitError):

@@ -14,6 +14,25 @@ M-COMMIT-04    after the outbox's durable ack, before the store is marked
 M-COMMIT-05    between mark_outbox_published and mark_committed (two-step path)
 M-COMMIT-06    after COMMITTED, before the ACK reaches the caller
 =============  ==============================================================
+
+The outbox relay (``service.domain.relay_worker``) has points of its own,
+between its durable steps:
+
+=============  ==============================================================
+point          where the relay stops
+=============  ==============================================================
+R-RELAY-01     after a lease with a new fencing token was taken, before the
+               entries the previous holder left unsettled are reconciled
+R-RELAY-02     after a batch was claimed (its entries are sending), before
+               any mailbox write
+R-RELAY-03     half-way through a batch's mailbox writes (some mailboxes
+               written, the others not)
+R-RELAY-04     after every mailbox write of a batch is durable, before the
+               outbox positions are settled
+R-RELAY-05     after a failed batch was settled as retryable, before it is
+               tried again
+R-RELAY-06     after a settle is durable in the outbox, before the relay goes on
+=============  ==============================================================
 """
 
 from __future__ import annotations
@@ -31,6 +50,18 @@ class FaultPoint(enum.StrEnum):
     AFTER_COMMIT_BEFORE_ACK = "M-COMMIT-06"
 
 
+class RelayPoint(enum.StrEnum):
+    AFTER_TAKEOVER = "R-RELAY-01"
+    AFTER_CLAIM = "R-RELAY-02"
+    MID_FANOUT = "R-RELAY-03"
+    AFTER_FANOUT = "R-RELAY-04"
+    AFTER_RETRY_MARK = "R-RELAY-05"
+    SETTLE_SENT_UNACKED = "R-RELAY-06"
+
+
+Point = FaultPoint | RelayPoint
+
+
 class InjectedCrash(Exception):
     """Raised at an armed fault point: the process "died" right there.
 
@@ -38,7 +69,7 @@ class InjectedCrash(Exception):
     as nothing catches a real crash.
     """
 
-    def __init__(self, point: FaultPoint) -> None:
+    def __init__(self, point: Point) -> None:
         super().__init__(f"injected crash at {point.value}")
         self.point = point
 
@@ -47,18 +78,18 @@ class FaultPoints:
     """Arms points for a number of hits; counts what fired."""
 
     def __init__(self) -> None:
-        self._armed: dict[FaultPoint, int] = {}
-        self.fired: Counter[FaultPoint] = Counter()
+        self._armed: dict[Point, int] = {}
+        self.fired: Counter[Point] = Counter()
 
-    def arm(self, point: FaultPoint, times: int = 1) -> None:
+    def arm(self, point: Point, times: int = 1) -> None:
         """Crash at ``point`` on its next ``times`` hits."""
         self._armed[point] = self._armed.get(point, 0) + times
 
     def disarm_all(self) -> None:
         self._armed.clear()
 
-    def check(self, point: FaultPoint) -> None:
-        """Called by the committer at ``point``; raises when armed."""
+    def check(self, point: Point) -> None:
+        """Called by the committer (or the relay) at ``point``; raises when armed."""
         if not self._armed:
             return
         left = self._armed.get(point, 0)

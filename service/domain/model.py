@@ -367,6 +367,9 @@ class OutboxEntry:
     message_id: str
     recipients: tuple[str, ...] | None
     membership_version: int = 0
+    published_ms: int = 0
+    """When the outbox took it (the backend's clock; 0 when unknown): the relay's
+    lag and commit-to-mailbox latency are measured from here."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from service.domain.ids import CommitKey
 from service.domain.model import (
@@ -37,6 +37,9 @@ from service.domain.model import (
     ReserveCandidate,
     ReserveResult,
 )
+
+if TYPE_CHECKING:
+    from service.domain.delivery import DeliveryPorts
 
 DAY_MS = 86_400_000
 
@@ -331,7 +334,7 @@ class Outbox(abc.ABC):
 
 @dataclass
 class Backend:
-    """One wired backend: the three ports over one dependency."""
+    """One wired backend: the three ports over one dependency, and its delivery side."""
 
     name: str
     store: MessageStore
@@ -342,6 +345,9 @@ class Backend:
     requests: Counter[str] = field(default_factory=Counter)
     """Backend requests issued, by kind ("redis_call", "lwt", "statement"...);
     the backend increments it, the metrics layer exports it."""
+    delivery: DeliveryPorts | None = None
+    """Mailboxes, outbox partitions, the conversation index and history records
+    (``service.domain.delivery``); None only for wrappers built by tests."""
 
     async def close(self) -> None:
         for close in self.closers:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from backends.memory import MemoryState, open_memory_backend
+from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -33,8 +34,10 @@ class MemoryHarness(Harness):
         clock: Clock | None,
         settings: StoreSettings | None,
         identity_form: IdentityForm,
+        delivery: DeliverySettings | None = None,
     ) -> Backend:
-        return open_memory_backend(self._state, settings, clock, identity_form)
+        mailbox = (delivery or DeliverySettings()).mailbox
+        return open_memory_backend(self._state, settings, clock, identity_form, mailbox)
 
 
 @pytest.fixture

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 
 from service.domain.committer import MessageCommitter
-from service.domain.errors import CommitNotFound, Recoverable
+from service.domain.errors import CommitNotFound, IdempotencyConflict, Recoverable
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.ids import CommitKey
 from service.domain.model import AuthenticatedSend, Committed, InProgress
 from service.domain.ports import Backend, ManualClock
 from tests.conformance.harness import Harness
-from tests.support import NO_QUOTA, conversation, send, unique
+from tests.support import NO_QUOTA, committer, conversation, send, text, unique
 from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
 from toolkit.campaign.invariants import Ledger, check_invariants
 
@@ -217,3 +218,39 @@ async def test_resume_of_an_unknown_key_is_not_found(harness: Harness) -> None:
     with pytest.raises(CommitNotFound):
         await c.resume(CommitKey(tenant, "alice", "never-sent"), "c1")
     assert await c.resume_existing(send(tenant)) is None
+
+
+async def test_resume_existing_finishes_replays_and_refuses_another_request(
+    harness: Harness,
+) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c = committer(backend)
+    req = send(tenant)
+    assert await c.resume_existing(req) is None  # nothing to finish
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):
+        await c.commit_send(req)
+    ack = await c.resume_existing(req)
+    assert ack is not None and ack.seq == 1
+    assert await c.resume_existing(req) == ack
+    with pytest.raises(IdempotencyConflict) as caught:
+        await c.resume_existing(dataclasses.replace(req, content=text("another body")))
+    assert caught.value.key == req.key  # the error details name it
+
+
+async def test_a_failed_re_read_is_recoverable_for_the_right_key(harness: Harness) -> None:
+    """A refused fresh send (here: not a member) looks for an earlier admitted one;
+    when that read fails, the Recoverable names the key and conversation to retry."""
+    backend = await harness.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    store = FaultyStore(backend.store)
+    c = MessageCommitter(store, backend.membership, backend.outbox, limits=NO_QUOTA)
+    req = send(tenant, sender="mallory")
+    store.inject("load_commit_for_request", CallFault.FAIL, times=2)
+    for call in (c.commit_send, c.resume_existing):
+        with pytest.raises(Recoverable) as caught:
+            await call(req)
+        assert (caught.value.key, caught.value.conversation) == (req.key, "c1")

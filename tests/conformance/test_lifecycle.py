@@ -198,3 +198,24 @@ async def test_readiness_touches_the_backend(harness: Harness) -> None:
     c: MessageCommitter = committer(backend)
     await c.readiness()
     assert backend.durable is harness.durable
+
+
+async def test_a_sender_who_left_still_finishes_an_unfinished_send_by_retrying(
+    harness: Harness,
+) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c = committer(backend)
+    req = send(tenant)
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):
+        await c.commit_send(req)
+    await backend.membership.remove_members(tenant, "c1", ["alice"])
+    ack = await c.commit_send(req)  # admitted when it was reserved: finished, not refused
+    assert ack.seq == 1 and await c.commit_send(req) == ack
+    with pytest.raises(IdempotencyConflict) as caught:  # the key's truth, not NotAMember
+        await c.commit_send(dataclasses.replace(req, content=text("another body")))
+    assert caught.value.key == req.key
+    with pytest.raises(NotAMember):
+        await c.commit_send(send(tenant))  # a fresh send is refused

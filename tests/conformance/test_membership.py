@@ -17,6 +17,7 @@ from service.domain.model import (
     FrozenDeliveryInput,
     HistoryQuery,
     InProgress,
+    MembershipInfo,
     ReserveCandidate,
 )
 from service.domain.ports import ManualClock
@@ -151,3 +152,21 @@ async def test_release1_inline_recipients_still_commit_recover_and_list(
     page = await backend.outbox.read("", 10_000)
     entries = [e for e in page.entries if e.tenant == tenant]
     assert [(e.recipients, e.membership_version) for e in entries] == [(("alice", "bob"), 1)]
+
+
+async def test_member_pages_of_every_size_list_everyone_once(harness: Harness) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    m = backend.membership
+    everyone = ["u1", "u2", "u3", "u4", "u5"]
+    assert await m.create_conversation(tenant, "c1", everyone) == MembershipInfo(tenant, "c1", 1, 5)
+    assert await m.remove_members(tenant, "c1", ["u2"]) == MembershipInfo(tenant, "c1", 2, 4)
+    assert await m.membership_info(tenant, "c1") == MembershipInfo(tenant, "c1", 2, 4)
+    now = [u for u in everyone if u != "u2"]
+    for page in range(1, len(everyone) + 2):
+        assert await members(backend, tenant, "c1", page=page) == now, page
+        assert await members(backend, tenant, "c1", 1, page=page) == everyone, page
+    last = await m.members_at(tenant, "c1", None, "u4", 10)
+    assert (last.members, last.version, last.next_after) == (("u5",), 2, "")
+    old = await m.members_at(tenant, "c1", 1, "u3", 1)
+    assert (old.members, old.version) == (("u4",), 1)

@@ -8,6 +8,7 @@ import pytest
 from service.domain.committer import MessageCommitter
 from service.domain.errors import CommitNotFound, Recoverable
 from service.domain.faults import FaultPoint, InjectedCrash
+from service.domain.ids import CommitKey
 from service.domain.model import AuthenticatedSend, Committed, Direction, HistoryQuery
 from service.domain.ports import Backend, ManualClock, StoreSettings
 from service.domain.recovery import RecoveryPolicy
@@ -142,3 +143,108 @@ async def test_retention_never_removes_the_record_of_an_unfinished_intent(
     clock.advance(2 * DAY + 1)
     page = await c.history(HistoryQuery(tenant, "c1", "bob", Direction.FORWARD))
     assert page.records == () and page.available_from_seq == 4
+
+
+async def test_queue_statistics_follow_unfinished_and_quarantined_intents(
+    harness: Harness,
+) -> None:
+    """The gauges of the queue (oldest unfinished, quarantine size): a quarantined
+    intent leaves the count whether an operator retries it or a client's retry
+    commits it."""
+    clock = ManualClock()
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c, store, _ = _committer(backend, clock)
+    before = await backend.store.recovery_stats()
+    first = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    created = (await c.recovery_item(first.key)).created_at_ms
+    clock.advance(1_000)
+    second = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    third = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    stats = await backend.store.recovery_stats()
+    oldest = before.oldest_unfinished_ms
+    assert stats.oldest_unfinished_ms == (created if oldest is None else min(oldest, created))
+    assert stats.quarantined == before.quarantined
+    store.poison(first.key)
+    store.poison(third.key)
+    clock.advance(60_000)
+    report = await c.recover_due(clock.now_ms() - 30_000, 100)
+    assert (report.committed, report.quarantined) == (1, 2)
+    stats = await backend.store.recovery_stats()
+    assert (stats.oldest_unfinished_ms, stats.quarantined) == (oldest, before.quarantined + 2)
+    store.heal()
+    await c.retry_quarantined(first.key)  # an operator's retry
+    assert (await backend.store.recovery_stats()).quarantined == before.quarantined + 1
+    await c.commit_send(third)  # a client's retry
+    assert await backend.store.recovery_stats() == before
+    listed = {i.key for i in (await c.quarantined("", 1000)).items}
+    assert not listed & {first.key, third.key}
+    assert (await c.commit_send(second)).seq == 2
+
+
+async def test_a_failed_attempt_on_a_key_committed_meanwhile_changes_nothing(
+    harness: Harness,
+) -> None:
+    """Recovery scanned an intent, a client's retry committed it, then recovery
+    records its own failed attempt: the committed key must not come back into the
+    queue or the quarantine, where it would take the place of live intents."""
+    clock = ManualClock(now=1_000_000)  # long before any other test's intents
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c, _, _ = _committer(backend, clock)
+    done = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)
+    clock.advance(60_000)
+    (item,) = [i for i in await backend.store.scan_recoverable_commits(clock.now_ms(), 100)
+               if i.key == done.key]  # fmt: skip
+    await c.commit_send(done)  # the client's retry wins the race
+    before = await backend.store.recovery_stats()
+    await backend.store.defer_recovery(item, retry_after_ms=1, quarantine=True, problem="late")
+    assert await backend.store.recovery_stats() == before
+    await backend.store.defer_recovery(item, retry_after_ms=1, quarantine=False, problem="late")
+    assert await backend.store.recovery_item(done.key) is None
+    clock.advance(10)
+    live = await _stuck(c, tenant, FaultPoint.AFTER_RESERVE)  # due after the late attempt
+    clock.advance(60_000)
+    due = await backend.store.scan_recoverable_commits(clock.now_ms(), 1)
+    assert [i.key for i in due] == [live.key]
+
+
+async def test_a_failed_attempt_is_due_again_only_after_its_delay(harness: Harness) -> None:
+    clock = ManualClock(now=1_000_000)  # long before any other test's intents
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c, _, _ = _committer(backend, clock)
+    stuck = await _stuck(c, tenant, FaultPoint.AFTER_PUT_RECORD)
+
+    async def due(before_ms: int) -> set[CommitKey]:
+        found = await backend.store.scan_recoverable_commits(before_ms, 100)
+        return {i.key for i in found}
+
+    (item,) = [i for i in await backend.store.scan_recoverable_commits(clock.now_ms() + 1, 100)
+               if i.key == stuck.key]  # fmt: skip
+    await backend.store.defer_recovery(item, retry_after_ms=5_000, quarantine=False, problem="p")
+    assert stuck.key not in await due(clock.now_ms() + 4_999)
+    assert stuck.key in await due(clock.now_ms() + 5_001)
+    again = await backend.store.recovery_item(stuck.key)
+    assert again is not None and (again.attempts, again.problem) == (1, "p")
+
+
+async def test_a_released_intent_is_due_again_at_once(harness: Harness) -> None:
+    clock = ManualClock(now=1_000_000)  # long before any other test's intents
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c, _, _ = _committer(backend, clock)
+    stuck = await _stuck(c, tenant, FaultPoint.AFTER_PUT_RECORD)
+    (item,) = [i for i in await backend.store.scan_recoverable_commits(clock.now_ms() + 1, 100)
+               if i.key == stuck.key]  # fmt: skip
+    await backend.store.defer_recovery(item, retry_after_ms=5_000, quarantine=True, problem="p")
+    found = await backend.store.scan_recoverable_commits(clock.now_ms() + 60_000, 100)
+    assert stuck.key not in {i.key for i in found}  # quarantined: never due
+    assert await backend.store.release_quarantined(stuck.key)
+    found = await backend.store.scan_recoverable_commits(clock.now_ms() + 1, 100)
+    assert [(i.key, i.attempts, i.quarantined) for i in found] == [(stuck.key, 0, False)]
+    assert not await backend.store.release_quarantined(stuck.key)  # not quarantined any more

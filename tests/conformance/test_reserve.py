@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from service.domain.errors import IdempotencyConflict
+from service.domain.errors import IdempotencyConflict, StoreNotFound
 from service.domain.model import (
     AuthenticatedSend,
     Committed,
@@ -101,11 +101,12 @@ async def test_a_key_reused_with_a_different_request_is_a_conflict(
     req = send(tenant)
     ack = await c.commit_send(req)
     changed = _variants(req)[field]
-    with pytest.raises(IdempotencyConflict):
+    with pytest.raises(IdempotencyConflict) as refused:
         await c.commit_send(changed)
+    assert refused.value.key == req.key  # the error details are built from it
     assert await backend.store.load_commit_for_request(changed) == Conflict(req.key)
-    assert isinstance(
-        await backend.store.reserve(changed, DELIVERY, ReserveCandidate("x", 1)), Conflict
+    assert await backend.store.reserve(changed, DELIVERY, ReserveCandidate("x", 1)) == Conflict(
+        req.key
     )
     with pytest.raises(IdempotencyConflict):
         await c.resume_existing(changed)
@@ -160,3 +161,14 @@ async def test_two_tenants_with_identical_ids_do_not_see_each_other(harness: Har
 
     page = await backend.store.history_page(HistoryQuery(t2, "c1", "bob"))
     assert [r.content for r in page.records] == [text("two")]
+
+
+async def test_reserve_in_an_unknown_conversation_allocates_nothing(harness: Harness) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    with pytest.raises(StoreNotFound):
+        await backend.store.reserve(send(tenant), DELIVERY, ReserveCandidate("m-0", 1))
+    assert await backend.membership.membership_info(tenant, "c1") is None
+    await conversation(backend, tenant)  # the conversation can still be created
+    first = await backend.store.reserve(send(tenant), DELIVERY, ReserveCandidate("m-1", 1))
+    assert isinstance(first, Reserved) and first.intent.record.seq == 1

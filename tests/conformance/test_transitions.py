@@ -18,7 +18,7 @@ from service.domain.model import (
     ReserveCandidate,
     Reserved,
 )
-from service.domain.ports import Backend
+from service.domain.ports import Backend, ManualClock, StoreSettings
 from tests.conformance.harness import Harness
 from tests.support import conversation, send, unique
 
@@ -116,6 +116,21 @@ async def test_a_different_publication_is_refused_and_leaves_the_first(harness: 
     assert await backend.store.mark_committed(loaded.intent) == ack  # retry replays
 
 
+async def test_atomic_commit_of_an_intent_published_with_this_publication_commits_it(
+    harness: Harness,
+) -> None:
+    """A retry after the publish-mark, with the same outbox ack: retry-safe, not refused."""
+    backend = await harness.open()
+    intent = await _reserved(backend, unique("t"))
+    await backend.store.put_record(intent)
+    recorded = intent.advanced(CommitState.RECORDED)
+    pub = OutboxPublication("s", "1")
+    await backend.store.mark_outbox_published(recorded, pub)
+    ack = await backend.store.mark_published_and_committed(recorded, pub)
+    assert ack == intent.committed_message()
+    assert await _state(backend, intent) is CommitState.COMMITTED
+
+
 async def test_atomic_commit_replays_and_refuses_another_publication(harness: Harness) -> None:
     backend = await harness.open()
     intent = await _reserved(backend, unique("t"))
@@ -143,3 +158,37 @@ async def test_committed_record_is_compacted_but_replays_the_ack(harness: Harnes
     assert await backend.store.load_commit_for_request(req) == Committed(ack)
     assert await backend.store.load_commit(intent.key, intent.conversation) == Committed(ack)
     assert await backend.store.load_commit(intent.key, "another-conversation") is None
+
+
+async def test_a_stale_intent_of_a_reused_key_gets_no_ack(harness: Harness) -> None:
+    """A worker still holding the intent of a key's earlier message (committed, its
+    window passed, the key reserved and committed again since) is refused at every
+    step: the newer commit's ACK is never handed to it."""
+    clock = ManualClock()
+    window = StoreSettings(idempotency_window_ms=1_000, history_retention_ms=1_000_000)
+    backend = await harness.open(clock=clock, settings=window)
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    req = send(tenant)
+    pub = OutboxPublication("s", "1")
+    old = await backend.store.reserve(req, DELIVERY, ReserveCandidate("m-old", 1))
+    assert isinstance(old, Reserved)
+    await backend.store.put_record(old.intent)
+    stale = old.intent.advanced(CommitState.RECORDED)
+    await backend.store.mark_published_and_committed(stale, pub)
+    clock.advance(1_000)
+    new = await backend.store.reserve(req, DELIVERY, ReserveCandidate("m-new", 2))
+    assert isinstance(new, Reserved) and new.intent.record.seq == old.intent.record.seq + 1
+    await backend.store.put_record(new.intent)
+    ack = await backend.store.mark_published_and_committed(
+        new.intent.advanced(CommitState.RECORDED), pub
+    )
+    assert ack.message_id == "m-new"
+    for call in (
+        lambda: backend.store.put_record(old.intent),
+        lambda: backend.store.mark_outbox_published(stale, pub),
+        lambda: backend.store.mark_published_and_committed(stale, pub),
+        lambda: backend.store.mark_committed(stale.advanced(CommitState.OUTBOXED, pub)),
+    ):
+        with pytest.raises(StoreConflict):
+            await call()

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.deploy
 
 COMPOSE = DEPLOY / "compose.yaml"
 SERVERS = ("committer-scylla", "committer-redis")
+RELAYS = ("relay-scylla", "relay-redis")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def test_the_stack(services: dict[str, dict[str, Any]]) -> None:
         "migrate-redis",
         *SERVERS,
         "redis",
+        *RELAYS,
         "prometheus",
         "grafana",
     }
@@ -74,7 +76,7 @@ def test_every_dependency_waited_on_has_a_healthcheck(
 def test_servers_are_built_here_hardened_and_ready_checked(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    for name in (*SERVERS, "migrate"):
+    for name in (*SERVERS, *RELAYS, "migrate"):
         service = services[name]
         assert service["build"]["context"] == ".."
         assert (ROOT / service["build"]["dockerfile"]).is_file()
@@ -85,6 +87,12 @@ def test_servers_are_built_here_hardened_and_ready_checked(
         assert service["command"] == ["serve"]
         assert "/readyz" in " ".join(service["healthcheck"]["test"])
         assert service["environment"]["MC_BACKEND"] in name
+    for name in RELAYS:
+        service = services[name]
+        assert service["command"] == ["relay"]
+        assert "9465/readyz" in " ".join(service["healthcheck"]["test"])
+        assert service["environment"]["MC_BACKEND"] in name
+        assert service["environment"]["MC_RELAY_HTTP_ADDRESS"].endswith(":9465")
 
 
 def test_images_are_pinned_and_ports_stay_on_loopback(

@@ -37,10 +37,11 @@ pytestmark = pytest.mark.deploy
 MIN_KUBERNETES = "1.30.0"
 MAX_KUBERNETES = "1.37.0"
 VERSIONS = (MIN_KUBERNETES, MAX_KUBERNETES)
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PodMonitor"}
 COMPONENTS = ("prometheus-operator", "tls")
 GRPC_PORT = 50051
 HTTP_PORT = 9464
+RELAY_HTTP_PORT = 9465
 SECRET_ENV = {"MC_REDIS_URL", "MC_SCYLLA_PASSWORD", "MC_SCYLLA_USERNAME"}
 
 
@@ -79,10 +80,17 @@ def base() -> list[Doc]:
 
 
 def container(docs: list[Doc], kind: str, name: str) -> dict[str, Any]:
-    pod = find(docs, kind, name)["spec"]["template"]["spec"]
+    pod = exact(docs, kind, name)["spec"]["template"]["spec"]
     (only,) = pod["containers"]
     result: dict[str, Any] = only
     return result
+
+
+def exact(docs: list[Doc], kind: str, name: str) -> Doc:
+    """The one document of ``kind`` named exactly ``name`` (the server Deployment's
+    name is a prefix of the relay's)."""
+    (only,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return only
 
 
 def env_names(c: dict[str, Any]) -> set[str]:
@@ -101,7 +109,7 @@ def config_map(docs: list[Doc]) -> dict[str, str]:
 def test_base_validates_strictly(base: list[Doc], version: str) -> None:
     kinds = sorted(d["kind"] for d in base)
     expected = ["ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "ServiceAccount"]
-    assert kinds == sorted([*expected, "Service", "Service"])
+    assert kinds == sorted([*expected, "Deployment", "Service", "Service"])
     for doc in base:
         validate(doc, version)
 
@@ -130,7 +138,7 @@ def test_example_secrets_validate_and_hold_only_placeholders(version: str) -> No
 
 def test_the_validator_rejects_what_it_should(base: list[Doc]) -> None:
     """A typo'd field and a wrong type both fail: the passes above mean something."""
-    deployment = find(base, "Deployment", "message-committer")
+    deployment = exact(base, "Deployment", "message-committer")
     typo = {**deployment, "spec": {**deployment["spec"], "replica": 3}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(typo, MIN_KUBERNETES, strict=True)
@@ -167,7 +175,7 @@ def test_addresses_ports_and_services_agree(base: list[Doc]) -> None:
     assert env["MC_HTTP_ADDRESS"].endswith(f":{HTTP_PORT}")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": GRPC_PORT, "metrics": HTTP_PORT}
-    pod_labels = find(base, "Deployment", "message-committer")["spec"]["template"]["metadata"][
+    pod_labels = exact(base, "Deployment", "message-committer")["spec"]["template"]["metadata"][
         "labels"
     ]
     for svc in (d for d in base if d["kind"] == "Service"):
@@ -180,7 +188,7 @@ def test_addresses_ports_and_services_agree(base: list[Doc]) -> None:
 
 
 def test_graceful_shutdown_fits_in_the_termination_grace(base: list[Doc]) -> None:
-    pod = find(base, "Deployment", "message-committer")["spec"]["template"]["spec"]
+    pod = exact(base, "Deployment", "message-committer")["spec"]["template"]["spec"]
     c = container(base, "Deployment", "message-committer")
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     grace = parse_duration(config_map(base)["MC_SHUTDOWN_GRACE"])
@@ -189,8 +197,12 @@ def test_graceful_shutdown_fits_in_the_termination_grace(base: list[Doc]) -> Non
 
 
 def test_pods_are_locked_down(base: list[Doc]) -> None:
-    for kind, name in (("Deployment", "message-committer"), ("Job", "message-committer-migrate")):
-        pod = find(base, kind, name)["spec"]["template"]["spec"]
+    for kind, name in (
+        ("Deployment", "message-committer"),
+        ("Deployment", "message-committer-relay"),
+        ("Job", "message-committer-migrate"),
+    ):
+        pod = exact(base, kind, name)["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -205,7 +217,7 @@ def test_pods_are_locked_down(base: list[Doc]) -> None:
 
 
 def test_replicas_spread_and_roll_safely(base: list[Doc]) -> None:
-    spec = find(base, "Deployment", "message-committer")["spec"]
+    spec = exact(base, "Deployment", "message-committer")["spec"]
     assert spec["replicas"] >= 2
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
@@ -264,6 +276,46 @@ def _cli() -> list[str]:
     return [tool("message-committer")]
 
 
+# --- the relay --------------------------------------------------------------------------
+
+
+def test_the_relay_deployment_runs_the_relay_command_on_its_own_port(base: list[Doc]) -> None:
+    relay = exact(base, "Deployment", "message-committer-relay")
+    spec = relay["spec"]
+    assert spec["replicas"] >= 2, "a second relay takes over a dead one's partitions"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    c = container(base, "Deployment", "message-committer-relay")
+    assert c["args"] == ["relay"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["MC_RELAY_HTTP_ADDRESS"].endswith(f":{RELAY_HTTP_PORT}")
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": RELAY_HTTP_PORT}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics", probe
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(RELAY_HTTP_PORT)
+    # The same configuration as the servers: the fan-out threshold must agree.
+    assert c["envFrom"] == container(base, "Deployment", "message-committer")["envFrom"]
+    from_secret = {e["name"] for e in c["env"] if "valueFrom" in e}
+    assert from_secret == SECRET_ENV
+    server_labels = exact(base, "Deployment", "message-committer")["spec"]["selector"]
+    assert spec["selector"]["matchLabels"] != server_labels["matchLabels"]
+    for svc in (d for d in base if d["kind"] in ("Service", "PodDisruptionBudget")):
+        selector = svc["spec"]["selector"]
+        labels = selector.get("matchLabels", selector)
+        relay_pod = spec["template"]["metadata"]["labels"]
+        assert not labels.items() <= relay_pod.items(), "servers' objects must not select relays"
+
+
+def test_the_relay_help_lists_every_flag_it_is_configured_with(base: list[Doc]) -> None:
+    helptext = run([*_cli(), "relay", "--help"])
+    assert helptext.returncode == 0, helptext.stdout + helptext.stderr
+    for name in config_map(base):
+        flag = "--" + name.removeprefix("MC_").lower().replace("_", "-")
+        assert flag in helptext.stdout, flag
+
+
 # --- components ------------------------------------------------------------------------
 
 
@@ -285,8 +337,18 @@ def test_service_monitor_scrapes_each_pod_once(tmp_path: Path) -> None:
         svc for svc in matched if endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
     ]
     assert [svc["metadata"]["name"] for svc in with_port] == ["message-committer"]
-    annotations = find(docs, "Deployment", "message-committer")["spec"]["template"]["metadata"]
-    assert not any(k.startswith("prometheus.io/") for k in annotations.get("annotations", {}))
+    for name in ("message-committer", "message-committer-relay"):
+        annotations = exact(docs, "Deployment", name)["spec"]["template"]["metadata"]
+        assert not any(k.startswith("prometheus.io/") for k in annotations.get("annotations", {}))
+    pods = find(docs, "PodMonitor", "message-committer-relay")
+    assert pods["apiVersion"] == "monitoring.coreos.com/v1"
+    (scrape,) = pods["spec"]["podMetricsEndpoints"]
+    assert scrape["port"] == "metrics" and scrape["path"] == "/metrics"
+    assert {"targetLabel": "job", "replacement": "message-committer-relay"} in scrape["relabelings"]
+    relay_labels = exact(docs, "Deployment", "message-committer-relay")["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= relay_labels.items()
 
 
 def test_tls_component_mounts_the_secret_and_probes_over_http(tmp_path: Path) -> None:
@@ -300,7 +362,7 @@ def test_tls_component_mounts_the_secret_and_probes_over_http(tmp_path: Path) ->
     for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         assert "grpc" not in c[probe]
-    pod = find(docs, "Deployment", "message-committer")["spec"]["template"]["spec"]
+    pod = exact(docs, "Deployment", "message-committer")["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "tls")
     assert volume["secret"]["secretName"] == "message-committer-tls"
 

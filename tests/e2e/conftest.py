@@ -78,7 +78,12 @@ def faulty_memory_backend() -> tuple[Backend, FaultyStore, FaultyOutbox]:
     inner = open_memory_backend()
     store, outbox = FaultyStore(inner.store), FaultyOutbox(inner.outbox)
     backend = Backend(
-        name="memory", store=store, membership=inner.membership, outbox=outbox, durable=False
+        name="memory",
+        store=store,
+        membership=inner.membership,
+        outbox=outbox,
+        durable=False,
+        delivery=inner.delivery,
     )
     return backend, store, outbox
 

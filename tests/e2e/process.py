@@ -15,6 +15,9 @@ from pathlib import Path
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 _SERVING = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on port (\d+)")
+_RELAYING = re.compile(
+    r"relaying as (\S+) on the \w+ backend \((\d+) partitions\), HTTP on port (\d+)"
+)
 
 
 def command() -> list[str]:
@@ -108,6 +111,61 @@ class ServeProcess:
 
     def terminate(self) -> int:
         """SIGTERM and wait; returns the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.kill()
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+
+
+class RelayProcess:
+    """A ``relay`` process (its HTTP side on a free loopback port); log in a temp file."""
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self._log = tempfile.NamedTemporaryFile(prefix="mc-relay-", suffix=".log", delete=False)  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [*command(), "relay", "--relay-http-address", "127.0.0.1:0", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        self.owner, self.partitions, self.http_port = self._wait_relaying()
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def _wait_relaying(self) -> tuple[str, int, int]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            match = _RELAYING.search(self.log())
+            if match:
+                return match.group(1), int(match.group(2)), int(match.group(3))
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"relay did not start:\n{self.log()}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+    def terminate(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout=STOP_TIMEOUT_S)

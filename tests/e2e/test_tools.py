@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 COMMITTER = "message_committer.v1.MessageCommitterService"
 MEMBERSHIP = "message_committer.v1.ConversationMembershipService"
+RECOVERY = "message_committer.v1.RecoveryAdminService"
+MAILBOX = "message_committer.v1.MailboxService"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,8 @@ def test_grpcurl_lists_describes_and_calls_through_reflection(serve: ServeProces
     assert set(listed.stdout.split()) == {
         COMMITTER,
         MEMBERSHIP,
-        "message_committer.v1.RecoveryAdminService",
+        RECOVERY,
+        MAILBOX,
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     }
@@ -94,7 +98,66 @@ def test_grpcurl_lists_describes_and_calls_through_reflection(serve: ServeProces
     assert "mc-readiness: ready: memory backend answers" in trailers.stdout
 
 
-@pytest.mark.parametrize("service", ["", COMMITTER, MEMBERSHIP])
+def test_grpcurl_syncs_a_mailbox_page_through_reflection_alone(serve: ServeProcess) -> None:
+    """No .proto file and no stub: reflection is enough to Sync, and CURSOR_EXPIRED
+    shows as FAILED_PRECONDITION with its ErrorInfo."""
+    grpcurl = _binary("grpcurl")
+
+    def call(method: str, body: dict[str, object]) -> subprocess.CompletedProcess[str]:
+        return _run(grpcurl, "-plaintext", "-d", json.dumps(body), serve.target, method)
+
+    described = _run(grpcurl, "-plaintext", serve.target, "describe", MAILBOX)
+    assert "rpc Sync (" in described.stdout and "rpc Subscribe (" in described.stdout
+    created = call(
+        f"{MEMBERSHIP}/CreateConversation",
+        {"tenant": "t2", "conversation": "g2", "members": ["alice", "bob"]},
+    )
+    assert created.returncode == 0, created.stderr
+    for n in range(3):
+        send = {
+            "tenant": "t2",
+            "sender": "alice",
+            "device": "phone",
+            "conversation": "g2",
+            "client_message_id": f"s-{n}",
+            "content": {"message_type": "MESSAGE_TYPE_TEXT", "inline_body": "aGk="},
+        }
+        assert call(f"{COMMITTER}/Commit", {"send": send}).returncode == 0
+    page: dict[str, object] = {}
+    for _ in range(100):  # the relay inside serve delivers within moments
+        synced = call(f"{MAILBOX}/Sync", {"tenant": "t2", "user": "bob", "limit": 2})
+        assert synced.returncode == 0, synced.stderr
+        page = json.loads(synced.stdout)
+        if page.get("events"):
+            break
+        time.sleep(0.05)
+    events = page["events"]
+    assert isinstance(events, list) and len(events) == 2  # limit 2: one page of two groups
+    first = events[0]["message_added"]["message"]
+    assert (first["conversation"], first["seq"], first["content"]["inline_body"]) == (
+        "g2",
+        "1",
+        "aGk=",
+    )
+    assert page["next_cursor"] == {"lane": "inbox", "epoch": "1", "seq": "2"}
+    assert page["more"] is True
+    rest = call(
+        f"{MAILBOX}/Sync",
+        {"tenant": "t2", "user": "bob", "cursor": page["next_cursor"]},
+    )
+    assert [e["seq"] for e in json.loads(rest.stdout)["events"]] == ["3"]
+    expired = call(
+        f"{MAILBOX}/Sync",
+        {"tenant": "t2", "user": "bob", "cursor": {"lane": "inbox", "epoch": "9", "seq": "1"}},
+    )
+    assert expired.returncode != 0
+    assert "Code: FailedPrecondition" in expired.stderr
+    assert '"reason": "CURSOR_EXPIRED"' in expired.stderr
+    listed = call(f"{MEMBERSHIP}/ListConversations", {"tenant": "t2", "user": "bob"})
+    assert json.loads(listed.stdout)["conversations"][0]["lane"] == "inbox"
+
+
+@pytest.mark.parametrize("service", ["", COMMITTER, MEMBERSHIP, MAILBOX])
 def test_grpc_health_probe_reports_serving(serve: ServeProcess, service: str) -> None:
     probe = _binary("grpc-health-probe")
     args = [probe, "-addr", serve.target] + (["-service", service] if service else [])

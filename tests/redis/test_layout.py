@@ -241,12 +241,22 @@ async def test_refused_transitions_leave_every_key_as_it_was(
     assert await snapshot(raw, redis_h.prefix) == before
 
     # A history page drops a vanished record only through retention: remove it by
-    # hand and the commit is refused without touching anything.
+    # hand and the commit (and the publication of a recorded intent) is refused
+    # without touching anything.
     conv = redis_h.keys.conversation(tenant, "c1")
+    second = await backend.store.reserve(send(tenant), delivery, ReserveCandidate("m-2", 2))
+    assert isinstance(second, Reserved)
+    await backend.store.put_record(second.intent)
+    second_recorded = second.intent.advanced(CommitState.RECORDED)
     await raw.delete(conv.history)
     before = await snapshot(raw, redis_h.prefix)
-    with pytest.raises(StoreConflict):
-        await backend.store.mark_committed(recorded.advanced(CommitState.OUTBOXED, pub))
+    for call in (
+        lambda: backend.store.mark_committed(recorded.advanced(CommitState.OUTBOXED, pub)),
+        lambda: backend.store.mark_outbox_published(second_recorded, pub),
+        lambda: backend.store.mark_published_and_committed(second_recorded, pub),
+    ):
+        with pytest.raises(StoreConflict):
+            await call()
     assert await snapshot(raw, redis_h.prefix) == before
 
 

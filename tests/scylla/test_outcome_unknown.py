@@ -16,7 +16,7 @@ from cassandra import ConsistencyLevel, ReadTimeout, WriteTimeout, WriteType
 from backends.scylla.session import Row, Send
 from service.domain.errors import Recoverable, StoreOutcomeUnknown
 from service.domain.faults import FaultPoint, InjectedCrash
-from service.domain.model import CommitState, InProgress
+from service.domain.model import CommitState, InProgress, OutboxPublication
 from tests.conformance.harness import Harness
 from tests.scylla.conftest import store_of
 from tests.support import committer, conversation, send, unique
@@ -134,3 +134,28 @@ async def test_an_undecidable_commit_mark_is_outcome_unknown_never_success(
     store_of(backend).cql.interceptor = None
     ack = await c.commit_send(req)  # the commit did apply: the same key replays it
     assert ack == loaded.intent.committed_message()
+
+
+async def test_a_lost_publish_mark_is_outcome_unknown_never_success(scylla: Harness) -> None:
+    """The committer's next step would refuse too, but the publish-mark itself must not
+    report a write it cannot see (a mutant dropping this re-read check lived)."""
+    backend = await scylla.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    c = committer(backend)
+    req = send(tenant)
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):
+        await c.commit_send(req)
+    loaded = await backend.store.load_commit(req.key, "c1")
+    assert isinstance(loaded, InProgress)
+    await backend.store.put_record(loaded.intent)
+    recorded = loaded.intent.advanced(CommitState.RECORDED)
+    fault = TimeoutOnce("c.outboxed", applied=False)
+    store_of(backend).cql.interceptor = fault
+    with pytest.raises(StoreOutcomeUnknown):
+        await backend.store.mark_outbox_published(recorded, OutboxPublication("s", "1"))
+    store_of(backend).cql.interceptor = None
+    assert fault.fired == 1
+    after = await backend.store.load_commit(req.key, "c1")
+    assert isinstance(after, InProgress) and after.intent.state is CommitState.RECORDED

@@ -233,6 +233,7 @@ async def test_a_session_with_failures_leaks_nothing(
         durable=opened.durable,
         closers=opened.closers,
         requests=opened.requests,
+        delivery=opened.delivery,
     )
     faults = FaultPoints()
     server = build_server(config, backend, faults=faults)

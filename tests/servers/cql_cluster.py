@@ -35,11 +35,8 @@ from typing import Any
 
 import pytest
 
-from backends.scylla import open_scylla_backend
 from backends.scylla.migrate import migrate
-from service.domain.ports import Backend, Clock, StoreSettings
-from tests.conformance.harness import Harness, IdentityForm
-from tests.servers.cql_server import _drop_keyspace, _run_sync
+from tests.servers.cql_server import ScyllaHarness, _drop_keyspace, _run_sync
 
 ENV_CLUSTER = "MC_TEST_CQL_CLUSTER"
 START_TIMEOUT_S = 300.0
@@ -120,39 +117,15 @@ def cql_cluster_keyspace(cql_cluster: ClusterServer) -> Iterator[str]:
             _run_sync(lambda: _drop_keyspace(hosts[0], port, keyspace))
 
 
-class ScyllaClusterHarness(Harness):
+class ScyllaClusterHarness(ScyllaHarness):
     """Backends on the cluster's RF 3 keyspace at QUORUM / SERIAL; this test's namespace."""
 
     name = "scylla_cluster"
-    durable = True
+    consistency = "QUORUM"
 
     def __init__(self, hosts: list[str], port: int, keyspace: str) -> None:
-        super().__init__()
+        super().__init__(hosts[0], port, keyspace)
         self.hosts = hosts
-        self.port = port
-        self.keyspace = keyspace
-        self.namespace = f"ns-{uuid.uuid4().hex[:12]}"
-
-    async def _open(
-        self,
-        *,
-        clock: Clock | None,
-        settings: StoreSettings | None,
-        identity_form: IdentityForm,
-    ) -> Backend:
-        return await open_scylla_backend(
-            self.hosts,
-            port=self.port,
-            keyspace=self.keyspace,
-            settings=settings,
-            clock=clock,
-            identity_form=identity_form,
-            namespace=self.namespace,
-            consistency="QUORUM",
-            serial_consistency="SERIAL",
-            # A test clock is usually far from the wall clock: no skew guard then.
-            max_clock_skew_ms=None if clock is not None else 3000,
-        )
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ import pytest
 from backends.scylla import open_scylla_backend
 from backends.scylla.migrate import migrate
 from backends.scylla.session import CqlSession
+from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -193,10 +194,12 @@ class ScyllaHarness(Harness):
 
     name = "scylla"
     durable = True
+    consistency = "LOCAL_QUORUM"
 
     def __init__(self, host: str, port: int, keyspace: str, namespace: str | None = None) -> None:
         super().__init__()
         self.host = host
+        self.hosts = [host]
         self.port = port
         self.keyspace = keyspace
         self.namespace = namespace or f"ns-{uuid.uuid4().hex[:12]}"
@@ -207,17 +210,21 @@ class ScyllaHarness(Harness):
         clock: Clock | None,
         settings: StoreSettings | None,
         identity_form: IdentityForm,
+        delivery: DeliverySettings | None = None,
     ) -> Backend:
         return await open_scylla_backend(
-            [self.host],
+            self.hosts,
             port=self.port,
             keyspace=self.keyspace,
             settings=settings,
             clock=clock,
             identity_form=identity_form,
             namespace=self.namespace,
+            consistency=self.consistency,
+            serial_consistency="SERIAL",
             # A test clock is usually far from the wall clock: no skew guard then.
             max_clock_skew_ms=None if clock is not None else 3000,
+            delivery=delivery,
         )
 
 

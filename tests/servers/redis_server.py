@@ -47,6 +47,7 @@ from backends.redis import open_link, open_redis_backend
 from backends.redis.deployment import initialise
 from backends.redis.keys import KeySpace
 from backends.redis.link import parse_url
+from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
 
@@ -296,6 +297,7 @@ class RedisHarness(Harness):
         clock: Clock | None,
         settings: StoreSettings | None,
         identity_form: IdentityForm,
+        delivery: DeliverySettings | None = None,
     ) -> Backend:
         await self.initialise()
         return await open_redis_backend(
@@ -304,6 +306,7 @@ class RedisHarness(Harness):
             test_clock=clock,
             settings=settings,
             identity_form=identity_form,
+            delivery=delivery,
         )
 
     def delete_keys(self) -> int:

@@ -63,3 +63,21 @@ def test_every_help_page_renders(command: str, capsys: pytest.CaptureFixture[str
         cli.main([command, "--help"])
     assert done.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_the_relay_refuses_memory_and_a_missing_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MC_BACKEND", raising=False)
+    assert cli.main(["relay", "--backend", "memory"]) == 2
+    assert "its relay runs inside serve" in capsys.readouterr().err
+    assert cli.main(["relay"]) == 2
+    assert "no backend chosen" in capsys.readouterr().err
+
+
+def test_the_relay_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["relay", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--relay-lease" in out and "--fanout-threshold" in out

@@ -93,6 +93,15 @@ def test_durations_print_back_in_their_largest_unit() -> None:
         ({"MC_BACKEND": "memory", "MC_MAX_CONCURRENT_RPCS": "-1"}, "must not be negative"),
         ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "-1"}, "auto or a number"),
         ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "all"}, "auto or a number"),
+        ({"MC_BACKEND": "memory", "MC_FANOUT_THRESHOLD": "0"}, "MC_FANOUT_THRESHOLD must be"),
+        ({"MC_BACKEND": "memory", "MC_RELAY_BATCH": "1001"}, "MC_RELAY_BATCH must be at most"),
+        ({"MC_BACKEND": "memory", "MC_RELAY_LEASE": "500ms"}, "MC_RELAY_LEASE must be at least"),
+        (
+            {"MC_BACKEND": "memory", "MC_RELAY_FIRST_RETRY": "2m", "MC_RELAY_MAX_RETRY": "1m"},
+            "MC_RELAY_MAX_RETRY must be at least",
+        ),
+        ({"MC_BACKEND": "memory", "MC_RELAY_HTTP_ADDRESS": "nowhere"}, "HOST:PORT"),
+        ({"MC_BACKEND": "memory", "MC_MAILBOX_RETENTION": "0s"}, "MC_MAILBOX_RETENTION must be"),
     ],
 )
 def test_bad_configuration_is_exit_code_2(env: dict[str, str], message: str) -> None:
@@ -107,6 +116,24 @@ def test_bad_configuration_is_exit_code_2(env: dict[str, str], message: str) -> 
 
 def test_ipv6_addresses_are_accepted() -> None:
     assert config.split_address("[::1]:50051", "x") == ("::1", 50051)
+
+
+def test_relay_and_mailbox_settings_come_from_the_config() -> None:
+    loaded = config.load(
+        {"backend": "redis"},
+        {
+            "MC_REDIS_URL": "redis://x",
+            "MC_RELAY_LEASE": "30s",
+            "MC_FANOUT_THRESHOLD": "50",
+            "MC_MAILBOX_MAX_ENTRIES": "7",
+            "MC_RELAY_SETTLE_WINDOW": "4s",
+        },
+    )
+    policy = loaded.relay_policy()
+    assert (policy.lease_ms, policy.fanout_threshold, policy.batch) == (30_000, 50, 100)
+    delivery = loaded.delivery_settings()
+    assert (delivery.mailbox.max_entries, delivery.settle_window_ms) == (7, 4000)
+    assert delivery.mailbox.retention_ms == 7 * 86_400_000
 
 
 def test_limits_and_store_settings_come_from_the_config() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 
@@ -72,6 +73,20 @@ def test_message_ids_are_uuid7_and_time_ordered() -> None:
         re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", i)
         for i in ids
     )
+
+
+def test_message_ids_carry_the_time_and_74_random_bits() -> None:
+    """Mailboxes dedupe by message id (DESIGN §10): a lost random bit would make two
+    messages collide far more often than a UUIDv7 may."""
+    now = 1_700_000_000_123
+    values = [uuid.UUID(new_message_id(now)).int for _ in range(256)]
+    assert {v >> 80 for v in values} == {now}
+    assert {(v >> 76) & 0xF for v in values} == {7}  # version
+    assert {(v >> 62) & 0b11 for v in values} == {0b10}  # variant
+    varying = 0
+    for v in values:
+        varying |= v ^ values[0]
+    assert varying == (0xFFF << 64) | ((1 << 62) - 1)  # every random bit, nothing else
 
 
 def test_fault_points_fire_as_armed_and_count() -> None:

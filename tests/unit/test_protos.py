@@ -76,3 +76,44 @@ def test_buf_lint_standard_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     config = (ROOT / "protos" / "buf.yaml").read_text()
     assert "STANDARD" in config and "except" not in config and "ignore" not in config
+
+
+def test_buf_breaking_against_release_1_passes() -> None:
+    """The protos stay additive to release 1 (its .proto files, vendored in
+    protos/releases/r1 exactly as 148ccc3 shipped them)."""
+    buf = _buf()
+    if buf is None:
+        pytest.fail("buf is not installed: run scripts/install-tools.sh (make test does)")
+    snapshot = ROOT / "protos" / "releases" / "r1" / "message_committer" / "v1"
+    assert {p.name for p in snapshot.glob("*.proto")} == {"committer.proto", "membership.proto"}
+    result = subprocess.run(
+        [buf, "breaking", "--against", "releases/r1"],
+        cwd=ROOT / "protos",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_buf_breaking_catches_a_removed_field(tmp_path: Path) -> None:
+    """The check is real: a copy of release 1 with a field removed breaks it."""
+    buf = _buf()
+    if buf is None:
+        pytest.fail("buf is not installed: run scripts/install-tools.sh (make test does)")
+    shutil.copytree(ROOT / "protos" / "releases" / "r1", tmp_path / "old")
+    shutil.copytree(ROOT / "protos" / "releases" / "r1", tmp_path / "new")
+    proto = tmp_path / "new" / "message_committer" / "v1" / "committer.proto"
+    text = proto.read_text()
+    proto.write_text(text.replace("  string reply_to = 8;\n", "", 1))
+    assert proto.read_text() != text
+    result = subprocess.run(
+        [buf, "breaking", str(tmp_path / "new"), "--against", str(tmp_path / "old")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "reply_to" in result.stdout + result.stderr

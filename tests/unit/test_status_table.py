@@ -14,6 +14,7 @@ from service.domain.errors import (
     CommitError,
     CommitNotFound,
     ConversationNotFound,
+    CursorExpired,
     IdempotencyConflict,
     InvalidClientMessageId,
     InvalidRequest,
@@ -41,6 +42,10 @@ EXAMPLES: list[tuple[CommitError, grpc.StatusCode]] = [
     (Recoverable(KEY, "c1", "reserve failed"), grpc.StatusCode.UNAVAILABLE),
     (CommitNotFound("no commit"), grpc.StatusCode.NOT_FOUND),
     (ConversationNotFound("conversation not found"), grpc.StatusCode.NOT_FOUND),
+    (
+        CursorExpired("inbox", 2, 17, "entries after it were trimmed"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
     (Unavailable("membership is unavailable: backend error"), grpc.StatusCode.UNAVAILABLE),
 ]
 
@@ -75,6 +80,26 @@ def test_keys_and_retry_hints_survive() -> None:
     )
     _, _, quota = _round_trip(QuotaExceeded("slow down", retry_after_s=0.25))
     assert isinstance(quota, QuotaExceeded) and quota.retry_after_s == pytest.approx(0.25)
+
+
+def test_cursor_expired_carries_the_lane_epoch_and_watermark() -> None:
+    status = errors.to_status_proto(
+        CursorExpired("conversation:c9", 3, 41, "the lane is in another epoch")
+    )
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    assert info.reason == "CURSOR_EXPIRED"
+    assert dict(info.metadata) == {
+        "lane": "conversation:c9",
+        "epoch": "3",
+        "trim_watermark": "41",
+        "why": "the lane is in another epoch",
+    }
+    _, _, back = _round_trip(
+        CursorExpired("conversation:c9", 3, 41, "the lane is in another epoch")
+    )
+    assert isinstance(back, CursorExpired)
+    assert (back.lane, back.epoch, back.trim_watermark) == ("conversation:c9", 3, 41)
 
 
 def test_recoverable_error_info_names_the_key() -> None:

@@ -53,9 +53,13 @@ class MailboxServiceServicer:
 
     def Sync(self, request, context):
         """Returns the next page of complete event groups after the cursor, and the
-        cursor to pass next. FAILED_PRECONDITION with reason CURSOR_EXPIRED (its
-        ErrorInfo carries the lane, epoch and trim watermark) when the cursor is
-        below the trim watermark or from another epoch.
+        cursor to pass next. FAILED_PRECONDITION with reason CURSOR_EXPIRED when
+        the cursor is of another epoch, below the trim watermark or ahead of the
+        lane; its ErrorInfo metadata carries "lane", "epoch" (the lane's current
+        one), "trim_watermark" (continue from there after the rebuild) and "why".
+        PERMISSION_DENIED (NOT_A_MEMBER) for a conversation lane of a
+        conversation the user is not a member of; NOT_FOUND
+        (CONVERSATION_NOT_FOUND) when it does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -63,7 +67,10 @@ class MailboxServiceServicer:
 
     def Subscribe(self, request, context):
         """Streams hints ("lane L has entries up to seq S") and heartbeats until the
-        client goes away. A hint never moves a cursor: the client syncs.
+        client goes away or the server shuts down. The first messages are one
+        hint per lane of the user (the inbox, and the lane of every big
+        conversation the user belongs to); then a hint whenever a lane's epoch or
+        head changes. A hint never moves a cursor: the client syncs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

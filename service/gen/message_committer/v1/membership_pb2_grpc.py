@@ -102,6 +102,9 @@ class ConversationMembershipServiceServicer:
     def ListConversations(self, request, context):
         """Lists the conversations a user is a member of now, sorted by conversation
         id, one page at a time: the authoritative list a client rebuilds from.
+        Every entry is confirmed by a membership lookup when it is read, so a
+        page may hold fewer than page_size entries; read on while
+        next_page_token is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -58,6 +58,9 @@ class ConversationMembershipServiceStub:
     ListConversations: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ListConversationsRequest, _membership_pb2.ListConversationsResponse]
     """Lists the conversations a user is a member of now, sorted by conversation
     id, one page at a time: the authoritative list a client rebuilds from.
+    Every entry is confirmed by a membership lookup when it is read, so a
+    page may hold fewer than page_size entries; read on while
+    next_page_token is set.
     """
 
 @_typing.type_check_only
@@ -85,6 +88,9 @@ class ConversationMembershipServiceAsyncStub(ConversationMembershipServiceStub):
     ListConversations: _aio.UnaryUnaryMultiCallable[_membership_pb2.ListConversationsRequest, _membership_pb2.ListConversationsResponse]  # type: ignore[assignment]
     """Lists the conversations a user is a member of now, sorted by conversation
     id, one page at a time: the authoritative list a client rebuilds from.
+    Every entry is confirmed by a membership lookup when it is read, so a
+    page may hold fewer than page_size entries; read on while
+    next_page_token is set.
     """
 
 class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -139,6 +145,9 @@ class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_membership_pb2.ListConversationsResponse, _abc.Awaitable[_membership_pb2.ListConversationsResponse]]:
         """Lists the conversations a user is a member of now, sorted by conversation
         id, one page at a time: the authoritative list a client rebuilds from.
+        Every entry is confirmed by a membership lookup when it is read, so a
+        page may hold fewer than page_size entries; read on while
+        next_page_token is set.
         """
 
 def add_ConversationMembershipServiceServicer_to_server(servicer: ConversationMembershipServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

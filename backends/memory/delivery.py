@@ -1,0 +1,223 @@
+"""The memory backend's delivery side: mailboxes, the conversation index, history records.
+
+Everything lives in ``MemoryState.delivery`` (a ``DeliveryState``), so a
+reopened backend sees it, as it sees commits. Each call runs without an
+await in between, so every append is atomic, as the Redis scripts are. This
+module is the behavioural spec of ``MailboxStore`` for the other backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from backends.memory.state import MemoryState
+from service.domain import mailbox as rules
+from service.domain.delivery import (
+    AppendOutcome,
+    AppendRequest,
+    ConversationIndex,
+    HistoryRecords,
+    MailboxSettings,
+    MailboxStore,
+)
+from service.domain.errors import StoreInvalid
+from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxEntry
+from service.domain.model import MessageRecord
+from service.domain.ports import Clock
+from service.domain.relay import DeadLetter, Fence, RetryMark
+
+
+@dataclass
+class Lane:
+    """One mailbox lane."""
+
+    epoch: int = 1
+    head: int = 0
+    watermark: int = 0
+    entries: list[MailboxEntry] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+    fences: dict[str, int] = field(default_factory=dict)
+    group_ends: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def state(self) -> LaneState:
+        return LaneState(self.epoch, self.head, self.watermark)
+
+    def trim_to(self, cut: int) -> None:
+        if cut <= self.watermark:
+            return
+        end = bisect.bisect_right([e.seq for e in self.entries], cut)
+        for entry in self.entries[:end]:
+            self.ids.pop(entry.record.message_id, None)
+        del self.entries[:end]
+        self.group_ends = [g for g in self.group_ends if g[0] > cut]
+        self.watermark = cut
+
+
+@dataclass
+class PartitionState:
+    """One memory outbox partition's relay bookkeeping."""
+
+    owner: str = ""
+    token: int = 0
+    expires_ms: int = 0
+    scanned: int = 0
+    """Global outbox index up to which this partition's entries were claimed."""
+    sending: dict[str, int] = field(default_factory=dict)
+    """Position -> the token it was claimed under, in claim order (sending or retryable)."""
+    retry: dict[str, RetryMark] = field(default_factory=dict)
+    dead: dict[str, DeadLetter] = field(default_factory=dict)
+    """Dead letters by their id (a counter, in order)."""
+    letters: int = 0
+
+
+@dataclass
+class DeliveryState:
+    """The delivery data of one memory backend."""
+
+    lanes: dict[tuple[str, str, str], Lane] = field(default_factory=dict)
+    index: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    partitions: dict[str, PartitionState] = field(default_factory=dict)
+    relays: dict[str, int] = field(default_factory=dict)
+    waiters: set[asyncio.Event] = field(default_factory=set)
+
+    def lane(self, mailbox: Mailbox) -> Lane:
+        key = (mailbox.tenant, mailbox.kind.value, mailbox.owner)
+        found = self.lanes.get(key)
+        if found is None:
+            found = self.lanes[key] = Lane()
+        return found
+
+    def ring(self) -> None:
+        """Wake every relay waiting for new outbox entries."""
+        for event in self.waiters:
+            event.set()
+
+
+class MemoryMailboxStore(MailboxStore):
+    def __init__(self, state: MemoryState, settings: MailboxSettings, clock: Clock) -> None:
+        self._delivery = state.delivery
+        self._settings = settings.validate()
+        self._clock = clock
+
+    async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        return [self._append(r, fence) for r in requests]
+
+    def _append(self, request: AppendRequest, fence: Fence) -> AppendOutcome:
+        if len(request.items) > rules.MAX_GROUP_ENTRIES:
+            raise StoreInvalid(f"one append holds at most {rules.MAX_GROUP_ENTRIES} items")
+        lane = self._delivery.lane(request.mailbox)
+        if lane.fences.get(fence.partition, 0) > fence.token:
+            return AppendOutcome(fenced=True)
+        lane.fences[fence.partition] = fence.token
+        fresh = rules.new_items(request.items, lane.ids)
+        now = self._clock.now_ms()
+        first = lane.head + 1
+        for offset, item in enumerate(fresh):
+            seq = first + offset
+            lane.entries.append(MailboxEntry(seq, first, item.record, now))
+            lane.ids[item.message_id] = seq
+        if fresh:
+            lane.head = first + len(fresh) - 1
+            lane.group_ends.append((lane.head, now))
+        self._retain(lane, now)
+        return AppendOutcome(
+            added=len(fresh),
+            duplicates=len(request.items) - len(fresh),
+            first_seq=first if fresh else 0,
+        )
+
+    def _retain(self, lane: Lane, now: int) -> None:
+        s = self._settings
+        cut = rules.trim_cut(
+            lane.state,
+            lane.group_ends,
+            now_ms=now,
+            retention_ms=s.retention_ms,
+            max_entries=s.max_entries,
+        )
+        lane.trim_to(cut)
+
+    async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
+        lane = self._delivery.lanes.get((mailbox.tenant, mailbox.kind.value, mailbox.owner))
+        if lane is None:
+            return LaneRead(LaneState(), ())
+        self._retain(lane, self._clock.now_ms())
+        start = bisect.bisect_right([e.seq for e in lane.entries], after_seq)
+        taken = lane.entries[start : start + limit]
+        if taken:  # complete the last group
+            group = taken[-1].group_id
+            rest = lane.entries[start + len(taken) :]
+            taken += [e for e in rest[: rules.MAX_GROUP_ENTRIES] if e.group_id == group]
+        return LaneRead(lane.state, tuple(taken))
+
+    async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
+        found = self._delivery.lanes
+        result = []
+        for m in mailboxes:
+            lane = found.get((m.tenant, m.kind.value, m.owner))
+            result.append(lane.state if lane is not None else LaneState())
+        return result
+
+    async def contains(
+        self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
+    ) -> list[frozenset[str]]:
+        result = []
+        for mailbox, ids in queries:
+            lane = self._delivery.lanes.get((mailbox.tenant, mailbox.kind.value, mailbox.owner))
+            held = lane.ids if lane is not None else {}
+            result.append(frozenset(i for i in ids if i in held))
+        return result
+
+    async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
+        lane = self._delivery.lane(mailbox)
+        cut = lane.watermark
+        for end, _ in lane.group_ends:
+            if end > through_seq:
+                break
+            cut = end
+        lane.trim_to(cut)
+        return lane.state
+
+    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
+        lane = self._delivery.lane(mailbox)
+        fences = lane.fences
+        fresh = Lane(epoch=lane.epoch + 1, fences=fences)
+        self._delivery.lanes[(mailbox.tenant, mailbox.kind.value, mailbox.owner)] = fresh
+        return fresh.state
+
+
+class MemoryConversationIndex(ConversationIndex):
+    def __init__(self, state: MemoryState) -> None:
+        self._index = state.delivery.index
+
+    async def add(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
+        for user in users:
+            self._index.setdefault((tenant, user), set()).add(conversation)
+
+    async def remove(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
+        for user in users:
+            self._index.get((tenant, user), set()).discard(conversation)
+
+    async def conversations(
+        self, tenant: str, user: str, after: str, limit: int
+    ) -> tuple[tuple[str, ...], str]:
+        ids = sorted(c for c in self._index.get((tenant, user), set()) if c > after)
+        page = tuple(ids[:limit])
+        return page, page[-1] if len(ids) > limit else ""
+
+
+class MemoryHistoryRecords(HistoryRecords):
+    def __init__(self, state: MemoryState) -> None:
+        self._state = state
+
+    async def records(
+        self, tenant: str, conversation: str, seqs: Sequence[int]
+    ) -> dict[int, MessageRecord]:
+        conv = self._state.conversations.get((tenant, conversation))
+        if conv is None:
+            return {}
+        return {s: conv.history[s] for s in seqs if s in conv.history}

@@ -1,0 +1,105 @@
+"""The rest of the Redis delivery side: the per-user conversation index, history
+records for the relay, and the wiring of ``DeliveryPorts``.
+
+Index: ``P:{n}:uc:T:U`` (in the shard of the tenant and user) is a zset of
+the raw conversation ids the user was indexed in (score 0, listed in id
+order with ZRANGE BYLEX). Only ids of the service's id alphabet are written
+(``check_id``), so BYLEX bounds never need escaping. History records are read
+with ZRANGE BYSCORE from the conversation's history zset (``P:{n}:h:T:C``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.redis import codec, mailbox, partitions
+from backends.redis.commits import CommitCalls
+from backends.redis.keys import Release1Keys, enc
+from backends.redis.mailbox import RedisMailboxStore
+from backends.redis.partitions import RedisOutboxPartitions
+from service.domain.delivery import (
+    ConversationIndex,
+    DeliveryPorts,
+    DeliverySettings,
+    HistoryRecords,
+)
+from service.domain.errors import StoreCorrupt
+from service.domain.model import MessageRecord
+
+SCRIPTS = (*mailbox.SCRIPTS, *partitions.SCRIPTS)
+SPARSE = 4
+"""A seq range wider than this many times the seqs asked for is read seq by seq."""
+
+
+class RedisConversationIndex(ConversationIndex):
+    def __init__(self, calls: CommitCalls) -> None:
+        self._calls = calls
+
+    def _key(self, tenant: str, user: str) -> str:
+        ks = self._calls.keys
+        shard = ks.shard_of(tenant, "uc", user)
+        return f"{ks.prefix}:{{{shard.number}}}:uc:{enc(tenant)}:{enc(user)}"
+
+    async def add(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
+        if users:
+            commands = [("ZADD", self._key(tenant, u), 0, conversation) for u in users]
+            await self._calls.link.pipeline(commands, write=True)
+
+    async def remove(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
+        if users:
+            commands = [("ZREM", self._key(tenant, u), conversation) for u in users]
+            await self._calls.link.pipeline(commands, write=True)
+
+    async def conversations(
+        self, tenant: str, user: str, after: str, limit: int
+    ) -> tuple[tuple[str, ...], str]:
+        low = f"({after}" if after else "-"
+        raw = await self._calls.link.call(
+            "ZRANGE", self._key(tenant, user), low, "+", "BYLEX", "LIMIT", 0, limit + 1,
+            write=False,
+        )  # fmt: skip
+        if not isinstance(raw, list):
+            raise StoreCorrupt("redis gave an unexpected reply")
+        ids = tuple(codec.to_str(r) for r in raw)
+        page = ids[:limit]
+        return page, page[-1] if len(ids) > limit and page else ""
+
+
+class RedisHistoryRecords(HistoryRecords):
+    def __init__(self, calls: CommitCalls) -> None:
+        self._calls = calls
+
+    async def records(
+        self, tenant: str, conversation: str, seqs: Sequence[int]
+    ) -> dict[int, MessageRecord]:
+        if not seqs:
+            return {}
+        history = self._calls.keys.conversation(tenant, conversation).history
+        low, high = min(seqs), max(seqs)
+        if high - low + 1 <= SPARSE * len(seqs):
+            commands = [("ZRANGE", history, low, high, "BYSCORE")]
+        else:
+            commands = [("ZRANGE", history, s, s, "BYSCORE") for s in sorted(set(seqs))]
+        wanted = set(seqs)
+        found: dict[int, MessageRecord] = {}
+        for reply in await self._calls.link.pipeline(commands, write=False):
+            for member in reply if isinstance(reply, list) else ():
+                record = codec.decode_history_member(tenant, conversation, member)
+                if record.seq in wanted:
+                    found[record.seq] = record
+        return found
+
+
+async def open_delivery(calls: CommitCalls, settings: DeliverySettings) -> DeliveryPorts:
+    """The delivery side over an opened Redis backend's connection."""
+    legacy = not calls.link.cluster and bool(
+        await calls.link.call("EXISTS", Release1Keys(calls.keys.prefix).outbox, write=False)
+    )
+    return DeliveryPorts(
+        mailbox=RedisMailboxStore(calls, settings.mailbox),
+        partitions=RedisOutboxPartitions(
+            calls, legacy=legacy, retention_ms=settings.outbox_retention_ms
+        ),
+        index=RedisConversationIndex(calls),
+        records=RedisHistoryRecords(calls),
+    )

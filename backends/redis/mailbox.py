@@ -1,0 +1,386 @@
+"""Mailboxes on Redis: one script per append, all keys of a mailbox in one shard.
+
+A mailbox (``service.domain.mailbox.Mailbox``: tenant, owner kind ``u`` or
+``c``, owner id) lives in the shard of ``(tenant, kind, owner)``; below, ``B``
+is ``P:{n}`` and ``M`` the encoded ``T:k:O``:
+
+=====================  =======  ===================================================
+key                    type     what
+=====================  =======  ===================================================
+``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``w`` trim
+                                watermark, ``t`` append time of the oldest kept
+                                group, ``f:<partition>`` the newest fencing token
+                                seen from each outbox partition
+``B:me:M``             zset     entries: score seq, member ``<seq>:<group>:
+                                <appended ms>:<conversation seq>:<enc conversation>:
+                                <enc message id>:<record json>`` (the Redis codec's
+                                record form)
+``B:mg:M``             zset     groups: score the group's last seq, member
+                                ``<last seq>:<appended ms>``
+``B:mi:M``             hash     encoded message id -> seq (the dedupe)
+=====================  =======  ===================================================
+
+``APPEND`` handles the mailboxes of one shard in one script call (each one
+all or nothing): it checks the fence first (an older token than one seen:
+refused, nothing written to that mailbox), then dedupes, allocates seqs and
+writes the group, then applies retention (``service.domain.mailbox.trim_cut``,
+mirrored in Lua) at group boundaries. A record going to many mailboxes is
+sent once per call, and the calls of one relay step are pipelined: a
+1,000-member fan-out is about one script call per shard, in one round trip.
+Retention runs when a lane is
+written to; an idle lane keeps its entries until its next append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backends.redis import codec
+from backends.redis.commits import CommitCalls, status
+from backends.redis.keys import dec, enc
+from backends.redis.lua import script
+from service.domain.delivery import AppendOutcome, AppendRequest, MailboxSettings, MailboxStore
+from service.domain.errors import StoreCorrupt, StoreInvalid
+from service.domain.mailbox import (
+    MAX_GROUP_ENTRIES,
+    LaneRead,
+    LaneState,
+    Mailbox,
+    MailboxEntry,
+)
+from service.domain.relay import Fence
+
+TRIM_BATCH = 20
+"""Most groups one append trims; a backlog is worked off by later appends."""
+PIPELINE_CHUNK = 128
+PER_CALL = 100
+"""Most mailboxes one script call appends to (all in one shard)."""
+KEY_CACHE = 100_000
+
+_RETAIN = """
+local function group_end(member)
+  local e, t = string.match(member, '^(%d+):(%d+)$')
+  return tonumber(e), tonumber(t)
+end
+-- Trim whole groups up to cut (>= w): entries, their dedupe ids, the groups.
+local function trim_to(meta, entries, groups, ids, w, cut)
+  if cut <= w then return w end
+  local gone = redis.call('ZRANGE', entries, '-inf', cut, 'BYSCORE')
+  for _, member in ipairs(gone) do
+    local mid = string.match(member, '^%d+:%d+:%d+:%d+:[^:]*:([^:]*):')
+    if mid then redis.call('HDEL', ids, mid) end
+  end
+  redis.call('ZREMRANGEBYSCORE', entries, '-inf', cut)
+  redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
+  local oldest = redis.call('ZRANGE', groups, 0, 0)
+  if oldest[1] then
+    local _, first = group_end(oldest[1])
+    redis.call('HSET', meta, 'w', cut, 't', first)
+  else
+    redis.call('HSET', meta, 'w', cut)
+    redis.call('HDEL', meta, 't')
+  end
+  return cut
+end
+-- service.domain.mailbox.trim_cut: too old or too many, whole groups. ``t`` in the
+-- meta is the oldest kept group's append time, so a lane with nothing to trim
+-- costs no group read.
+local function retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  local first = tonumber(redis.call('HGET', meta, 't') or '-1')
+  if head - w <= max_entries and (first < 0 or first > now - retention) then return w end
+  local ends = redis.call('ZRANGE', groups, '(' .. w, '+inf', 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
+  local cut = w
+  for _, member in ipairs(ends) do
+    local e, t = group_end(member)
+    if not (t <= now - retention or (head - cut > max_entries and e < head)) then break end
+    cut = e
+  end
+  return trim_to(meta, entries, groups, ids, w, cut)
+end
+""".replace("TRIM_BATCH", str(TRIM_BATCH))
+
+APPEND = script(
+    "mailbox_append",
+    """#!lua
+-- Appends to several mailboxes of one shard, each one all or nothing.
+-- KEYS: id, then (meta entries groups ids) per mailbox
+-- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n,
+--       then per mailbox: count, record numbers (1-based)...
+--@prologue
+--@retain
+local token = tonumber(ARGV[4])
+local fence_field = 'f:' .. ARGV[3]
+local retention, max_entries = tonumber(ARGV[5]), tonumber(ARGV[6])
+local function append_one(meta, entries, groups, ids, picks)
+  local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
+  if seen > token then return {'fenced', 0, 0, 0} end
+  local m = redis.call('HMGET', meta, 'e', 'h', 'w')
+  local head, w = tonumber(m[2] or '0'), tonumber(m[3] or '0')
+  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
+  if seen < token then redis.call('HSET', meta, fence_field, token) end
+  local group, added, dups, fresh = head + 1, 0, 0, {}
+  for _, b in ipairs(picks) do
+    local mid = ARGV[b]
+    if fresh[mid] or redis.call('HEXISTS', ids, mid) == 1 then
+      dups = dups + 1
+    else
+      fresh[mid] = true
+      head = head + 1
+      redis.call('ZADD', entries, head, head .. ':' .. group .. ':' .. now .. ':' .. ARGV[b + 1]
+        .. ':' .. ARGV[b + 2] .. ':' .. mid .. ':' .. ARGV[b + 3])
+      redis.call('HSET', ids, mid, head)
+      added = added + 1
+    end
+  end
+  if added > 0 then
+    redis.call('HSET', meta, 'h', head)
+    redis.call('HSETNX', meta, 't', now)
+    redis.call('ZADD', groups, head, head .. ':' .. now)
+  else
+    group = 0
+  end
+  retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  return {'ok', added, dups, group}
+end
+local n = tonumber(ARGV[7])
+local pos = 8 + n * 4
+local out = {}
+for k = 2, #KEYS, 4 do
+  local count, picks = tonumber(ARGV[pos]), {}
+  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + c]) - 1) * 4 end
+  pos = pos + count + 1
+  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], picks)
+end
+return out
+""".replace("--@retain", _RETAIN),
+)
+
+READ = script(
+    "mailbox_read",
+    """#!lua flags=no-writes
+-- KEYS: id meta entries groups    ARGV: dep shift after limit
+--@prologue
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
+local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+local after = tonumber(ARGV[3])
+local items = {}
+if after >= w and after <= head then
+  items = redis.call('ZRANGE', KEYS[3], '(' .. after, '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[4])
+  if #items > 0 then  -- complete the last group
+    local last = tonumber(string.match(items[#items], '^(%d+):'))
+    local g = redis.call('ZRANGE', KEYS[4], last, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
+    local gend = g[1] and tonumber(string.match(g[1], '^(%d+):')) or last
+    if gend > last then
+      for _, r in ipairs(redis.call('ZRANGE', KEYS[3], '(' .. last, gend, 'BYSCORE')) do
+        items[#items + 1] = r
+      end
+    end
+  end
+end
+return {'ok', epoch, head, w, items}
+""",
+)
+
+TRIM = script(
+    "mailbox_trim",
+    """#!lua
+-- KEYS: id meta entries groups ids    ARGV: dep shift through
+--@prologue
+--@retain
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
+local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+local cut = w
+local ends = redis.call('ZRANGE', KEYS[4], '(' .. w, tonumber(ARGV[3]), 'BYSCORE')
+for _, member in ipairs(ends) do cut = group_end(member) end
+w = trim_to(KEYS[2], KEYS[3], KEYS[4], KEYS[5], w, cut)
+return {'ok', epoch, head, w}
+""".replace("--@retain", _RETAIN),
+)
+
+NEW_EPOCH = script(
+    "mailbox_new_epoch",
+    """#!lua
+-- KEYS: id meta entries groups ids    ARGV: dep shift
+--@prologue
+local epoch = tonumber(redis.call('HGET', KEYS[2], 'e') or '1') + 1
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
+redis.call('HDEL', KEYS[2], 't')
+return {'ok', epoch, 0, 0}
+""",
+)
+
+SCRIPTS = (APPEND, READ, TRIM, NEW_EPOCH)
+
+
+class MailboxKeys:
+    """The keys of one mailbox, in its shard."""
+
+    def __init__(self, calls: CommitCalls, mailbox: Mailbox) -> None:
+        ks = calls.keys
+        shard = ks.shard_of(mailbox.tenant, mailbox.kind.value, mailbox.owner)
+        base = f"{ks.prefix}:{{{shard.number}}}"
+        m = f"{enc(mailbox.tenant)}:{mailbox.kind.value}:{enc(mailbox.owner)}"
+        self.shard = shard.number
+        self.identity = shard.identity
+        self.meta = f"{base}:mb:{m}"
+        self.entries = f"{base}:me:{m}"
+        self.groups = f"{base}:mg:{m}"
+        self.ids = f"{base}:mi:{m}"
+
+    def all(self) -> list[str]:
+        return [self.identity, *self.lane()]
+
+    def lane(self) -> list[str]:
+        return [self.meta, self.entries, self.groups, self.ids]
+
+
+def _outcome(reply: Any) -> AppendOutcome:
+    word, rest = status(reply)
+    if word == b"fenced":
+        return AppendOutcome(fenced=True)
+    if word != b"ok" or len(rest) != 3:
+        raise StoreCorrupt("redis gave an unexpected reply")
+    added, dups, group = (codec.to_int(v) for v in rest)
+    return AppendOutcome(added, dups, group)
+
+
+def _state(rest: list[Any]) -> LaneState:
+    return LaneState(codec.to_int(rest[0]), codec.to_int(rest[1]), codec.to_int(rest[2]))
+
+
+def decode_entry(tenant: str, member: bytes) -> MailboxEntry:
+    """One ``B:me:M`` member back into an entry."""
+    parts = member.split(b":", 6)
+    if len(parts) != 7:
+        raise StoreCorrupt("a mailbox entry is malformed")
+    seq, group, appended, conv_seq, conversation, _, blob = parts
+    record = codec.decode_record(
+        tenant, dec(codec.to_str(conversation)), codec.to_int(conv_seq), blob
+    )
+    return MailboxEntry(codec.to_int(seq), codec.to_int(group), record, codec.to_int(appended))
+
+
+class RedisMailboxStore(MailboxStore):
+    def __init__(self, calls: CommitCalls, settings: MailboxSettings) -> None:
+        self._calls = calls
+        self._settings = settings.validate()
+        self._key_cache: dict[Mailbox, MailboxKeys] = {}
+
+    def _keys(self, mailbox: Mailbox) -> MailboxKeys:
+        found = self._key_cache.get(mailbox)
+        if found is None:
+            if len(self._key_cache) >= KEY_CACHE:
+                self._key_cache.clear()
+            found = self._key_cache[mailbox] = MailboxKeys(self._calls, mailbox)
+        return found
+
+    async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        """One script per shard (at most ``PER_CALL`` mailboxes each), all pipelined;
+        a record is sent once per call, each mailbox names the records it gets."""
+        s = self._settings
+        head = [*self._calls.head(), fence.partition, fence.token, s.retention_ms, s.max_entries]
+        by_shard: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
+            if len(request.items) > MAX_GROUP_ENTRIES:
+                raise StoreInvalid(f"one append holds at most {MAX_GROUP_ENTRIES} items")
+            by_shard.setdefault(self._keys(request.mailbox).shard, []).append(index)
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        order: list[list[int]] = []
+        for indexes in by_shard.values():
+            for start in range(0, len(indexes), PER_CALL):
+                chunk = indexes[start : start + PER_CALL]
+                calls.append(self._call(requests, chunk, head))
+                order.append(chunk)
+        outcomes: dict[int, AppendOutcome] = {}
+        for start in range(0, len(calls), PIPELINE_CHUNK):
+            replies = await self._calls.link.scripts(
+                APPEND, calls[start : start + PIPELINE_CHUNK], write=True
+            )
+            for chunk, reply in zip(order[start : start + PIPELINE_CHUNK], replies, strict=True):
+                if not isinstance(reply, list) or len(reply) != len(chunk):
+                    raise StoreCorrupt("redis gave an unexpected reply")
+                for index, one in zip(chunk, reply, strict=True):
+                    outcomes[index] = _outcome(one)
+        return [outcomes[index] for index in range(len(requests))]
+
+    def _call(
+        self, requests: Sequence[AppendRequest], chunk: list[int], head: list[Any]
+    ) -> tuple[list[str], list[Any]]:
+        numbers: dict[str, int] = {}
+        records: list[Any] = []
+        picks: list[Any] = []
+        keys = [self._keys(requests[chunk[0]].mailbox).identity]
+        for index in chunk:
+            request = requests[index]
+            keys += self._keys(request.mailbox).lane()
+            picks.append(len(request.items))
+            for item in request.items:
+                r = item.record
+                number = numbers.get(r.message_id)
+                if number is None:
+                    number = numbers[r.message_id] = len(numbers) + 1
+                    records += [
+                        enc(r.message_id),
+                        r.seq,
+                        enc(r.conversation),
+                        codec.encode_record(r),
+                    ]
+                picks.append(number)
+        return keys, [*head, len(numbers), *records, *picks]
+
+    async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
+        k = self._keys(mailbox)
+        word, rest = await self._calls.run(
+            READ, [k.identity, k.meta, k.entries, k.groups], [after_seq, limit], write=False
+        )
+        if word != b"ok" or len(rest) != 4 or not isinstance(rest[3], list):
+            raise StoreCorrupt("redis gave an unexpected reply")
+        entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
+        return LaneRead(_state(rest), entries)
+
+    async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
+        if not mailboxes:
+            return []
+        commands = [("HMGET", self._keys(m).meta, "e", "h", "w") for m in mailboxes]
+        replies = await self._calls.link.pipeline(commands, write=False)
+        result = []
+        for reply in replies:
+            e, h, w = reply if isinstance(reply, list) and len(reply) == 3 else (None, None, None)
+            result.append(
+                LaneState(
+                    codec.to_int(e) if e else 1,
+                    codec.to_int(h) if h else 0,
+                    codec.to_int(w) if w else 0,
+                )
+            )
+        return result
+
+    async def contains(
+        self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
+    ) -> list[frozenset[str]]:
+        wanted = [(m, ids) for m, ids in queries if ids]
+        commands = [("HMGET", self._keys(m).ids, *(enc(i) for i in ids)) for m, ids in wanted]
+        replies = iter(await self._calls.link.pipeline(commands, write=False) if commands else [])
+        result: list[frozenset[str]] = []
+        for _, ids in queries:
+            if not ids:
+                result.append(frozenset())
+                continue
+            reply = next(replies)
+            found = reply if isinstance(reply, list) else []
+            result.append(frozenset(i for i, v in zip(ids, found, strict=False) if v))
+        return result
+
+    async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
+        word, rest = await self._calls.run(TRIM, self._keys(mailbox).all(), [through_seq])
+        if word != b"ok" or len(rest) != 3:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return _state(rest)
+
+    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
+        word, rest = await self._calls.run(NEW_EPOCH, self._keys(mailbox).all(), [])
+        if word != b"ok" or len(rest) != 3:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return _state(rest)

@@ -1,0 +1,351 @@
+"""The outbox partitions as relay leases on Scylla.
+
+``ScyllaOutboxPartitions`` keeps, per partition, one ``relay_leases`` row:
+owner, fencing token, expiry (the relay's clock, which the backend checks
+against the cluster's), ``acked_ms`` (every entry at or before it is settled)
+and the retry marks. Every lease change and every settle is a lightweight
+transaction ``IF fence_token = <the caller's>``: a deposed relay changes
+nothing (LeaseLost).
+
+Positions are timeuuids made by the writers' clocks, so an entry may land a
+little after a younger one. The relay therefore delivers what it sees at
+once, sweeps the window after ``acked_ms`` again for late entries, and moves
+``acked_ms`` only to ``now - settle window`` at most (and never past an entry
+not settled): an entry older than the window has landed, so nothing is
+skipped. What a relay holds between its reads (sending, settled but not yet
+acknowledged) is in its memory only: a new holder starts from ``acked_ms``
+and reconciles everything after it (mailboxes dedupe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cassandra.query import UNSET_VALUE
+
+from backends.scylla.outbox_log import (
+    HOUR_MS,
+    LEGACY,
+    MIN_UUID,
+    OUTBOX_TTL_S,
+    PARTITIONS,
+    PartitionReader,
+    later,
+    max_uuid_at,
+    name_of,
+    partition_number,
+    row_entry,
+    time_ms,
+)
+from backends.scylla.session import CqlSession, Row
+from service.domain.delivery import OutboxPartitions
+from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
+from service.domain.ports import Clock
+from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
+
+SWEEP_EVERY_MS = 1000
+
+STATEMENTS = {
+    "rl.get": "SELECT owner, fence_token, expires_at_ms, acked_ms, retries FROM {ks}.relay_leases"
+    " WHERE namespace = ? AND part = ?",
+    "rl.create": "INSERT INTO {ks}.relay_leases (namespace, part, owner, fence_token,"
+    " expires_at_ms, acked_ms) VALUES (?, ?, ?, 1, ?, 0) IF NOT EXISTS",
+    "rl.take": "UPDATE {ks}.relay_leases SET owner = ?, fence_token = ?, expires_at_ms = ?"
+    " WHERE namespace = ? AND part = ? IF fence_token = ?",
+    "rl.renew": "UPDATE {ks}.relay_leases SET expires_at_ms = ?"
+    " WHERE namespace = ? AND part = ? IF fence_token = ? AND owner = ?",
+    "rl.settle": "UPDATE {ks}.relay_leases SET acked_ms = ?, retries = retries + ?"
+    " WHERE namespace = ? AND part = ? IF fence_token = ?",
+    "rl.forget": "UPDATE {ks}.relay_leases SET retries = retries - ?"
+    " WHERE namespace = ? AND part = ? IF fence_token = ?",
+    "dl.add": "INSERT INTO {ks}.relay_dead_letters (namespace, part, letter, position,"
+    " tenant, conversation, seq, message_id, recipients, membership_version, problem, attempts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "dl.list": "SELECT letter, position, tenant, conversation, seq, message_id, recipients,"
+    " membership_version, problem, attempts FROM {ks}.relay_dead_letters"
+    " WHERE namespace = ? AND part = ? AND letter > ? LIMIT ?",
+    "dl.get": "SELECT letter, position, tenant, conversation, seq, message_id, recipients,"
+    " membership_version, problem, attempts FROM {ks}.relay_dead_letters"
+    " WHERE namespace = ? AND part = ? AND letter = ?",
+    "dl.drop": "DELETE FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
+    " AND letter = ?",
+    "rm.add": "INSERT INTO {ks}.relay_members (namespace, owner) VALUES (?, ?) USING TTL ?",
+    "rm.count": "SELECT owner FROM {ks}.relay_members WHERE namespace = ? LIMIT 10000",
+}
+
+
+@dataclass
+class _Held:
+    """What this process knows of one partition it holds (never durable)."""
+
+    token: int
+    started_ms: int
+    acked_ms: int
+    retries: dict[uuid.UUID, str] = field(default_factory=dict)
+    sending: dict[uuid.UUID, PartitionEntry] = field(default_factory=dict)
+    settled: set[uuid.UUID] = field(default_factory=set)
+    high: uuid.UUID = MIN_UUID
+    swept_ms: int = 0
+    reconciled: bool = False
+
+
+class ScyllaOutboxPartitions(OutboxPartitions):
+    def __init__(
+        self, cql: CqlSession, namespace: str, clock: Clock, *, settle_window_ms: int
+    ) -> None:
+        self._cql = cql
+        self._ns = f"ns:{namespace}"
+        self._clock = clock
+        self._settle_ms = settle_window_ms
+        self._reader = PartitionReader(cql, self._ns)
+        self._held: dict[str, _Held] = {}
+        self._names = (LEGACY, *(name_of(n) for n in range(PARTITIONS)))
+
+    def partitions(self) -> tuple[str, ...]:
+        return self._names
+
+    def _check(self, partition: str) -> str:
+        if partition not in self._names:
+            raise StoreInvalid("no such outbox partition")
+        return partition
+
+    async def acquire(self, partition: str, owner: str, ttl_ms: int) -> Lease | None:
+        self._check(partition)
+        now = self._clock.now_ms()
+        rows = await self._cql.read("rl.get", (self._ns, partition), serial=True)
+        until = now + ttl_ms
+        if not rows:
+            if not await self._cql.cas("rl.create", (self._ns, partition, owner, until)):
+                return None
+            return self._start(partition, owner, 1, until, 0, {})
+        row = rows[0]
+        token, holder = int(row["fence_token"]), row["owner"]
+        expires, acked = int(row["expires_at_ms"] or 0), int(row["acked_ms"] or 0)
+        retries = dict(row.get("retries") or {})
+        if holder == owner and expires > now:
+            if not await self._cql.cas("rl.renew", (until, self._ns, partition, token, owner)):
+                return None
+            held = self._held.get(partition)
+            if held is None or held.token != token:  # held before this process: start afresh
+                return self._start(partition, owner, token, until, acked, retries, taken=False)
+            return Lease(partition, owner, token, until)
+        if expires > now:
+            return None
+        if not await self._cql.cas(
+            "rl.take", (owner, token + 1, until, self._ns, partition, token)
+        ):
+            return None
+        return self._start(partition, owner, token + 1, until, acked, retries)
+
+    def _start(
+        self,
+        partition: str,
+        owner: str,
+        token: int,
+        until: int,
+        acked: int,
+        retries: dict[uuid.UUID, str],
+        *,
+        taken: bool = True,
+    ) -> Lease:
+        self._held[partition] = _Held(token, self._clock.now_ms(), acked, retries)
+        return Lease(partition, owner, token, until, taken_over=taken)
+
+    def _mine(self, lease: Lease) -> _Held:
+        held = self._held.get(lease.partition)
+        if held is None or held.token != lease.token:
+            raise LeaseLost("another relay holds a newer lease on this partition")
+        return held
+
+    async def release(self, lease: Lease) -> None:
+        held = self._held.get(lease.partition)
+        if held is not None and held.token == lease.token:
+            del self._held[lease.partition]
+        await self._cql.cas(
+            "rl.renew", (0, self._ns, self._check(lease.partition), lease.token, lease.owner)
+        )
+
+    def _entry(self, held: _Held, row: Row) -> PartitionEntry:
+        return PartitionEntry(row_entry(row), _attempts(held.retries.get(row["position"], "")))
+
+    def _again(self, held: _Held, position: uuid.UUID) -> PartitionEntry:
+        entry = held.sending[position].entry
+        return PartitionEntry(entry, _attempts(held.retries.get(position, "")))
+
+    async def unsettled(self, lease: Lease, limit: int) -> list[PartitionEntry]:
+        """Entries after ``acked_ms`` published before this lease began, not settled here."""
+        held = self._mine(lease)
+        await self._fence(lease)
+        if held.sending:  # retryable ones of this lease come first
+            return [self._again(held, u) for u in list(held.sending)[:limit]]
+        if held.reconciled:
+            return []
+        low = max_uuid_at(held.acked_ms)
+        rows = await self._reader.window(
+            lease.partition, low, max_uuid_at(held.started_ms), limit + len(held.settled)
+        )
+        fresh = [r for r in rows if r["position"] not in held.settled][:limit]
+        if not fresh:
+            held.reconciled = True
+            held.high = later(held.high, max_uuid_at(held.started_ms))
+            return []
+        for row in fresh:
+            held.sending[row["position"]] = self._entry(held, row)
+        held.high = later(held.high, fresh[-1]["position"])
+        return [held.sending[r["position"]] for r in fresh]
+
+    async def claim(self, lease: Lease, limit: int) -> list[PartitionEntry]:
+        held = self._mine(lease)
+        start = later(held.high, max_uuid_at(held.acked_ms))
+        rows = await self._reader.after(lease.partition, start, limit)
+        now = self._clock.now_ms()
+        if not rows and now - held.swept_ms >= SWEEP_EVERY_MS:  # late landers
+            held.swept_ms = now
+            window = await self._reader.window(
+                lease.partition, max_uuid_at(held.acked_ms), held.high, limit + len(held.settled)
+            )
+            rows = [
+                r
+                for r in window
+                if r["position"] not in held.settled and r["position"] not in held.sending
+            ][:limit]
+        for row in rows:
+            held.sending[row["position"]] = self._entry(held, row)
+            held.high = later(held.high, row["position"])
+        if not rows:
+            await self._fence(lease)
+        return [held.sending[r["position"]] for r in rows]
+
+    async def _fence(self, lease: Lease) -> None:
+        """A plain read of the token: LeaseLost once another relay took over (reads
+        record nothing, so a quorum read is enough; settles check by LWT)."""
+        rows = await self._cql.read("rl.get", (self._ns, lease.partition))
+        if not rows or int(rows[0]["fence_token"]) != lease.token:
+            self._held.pop(lease.partition, None)
+            raise LeaseLost("another relay holds a newer lease on this partition")
+
+    async def settle(self, lease: Lease, settlement: Settlement) -> None:
+        held = self._mine(lease)
+        positions = [
+            *settlement.sent,
+            *(m.position for m in settlement.retry),
+            *(d.entry.publication.position for d in settlement.dead),
+        ]
+        parsed = {p: uuid.UUID(p) for p in positions}
+        if any(u not in held.sending for u in parsed.values()):
+            raise IllegalTransition("an outbox entry that is not sending under this lease")
+        marks = {
+            parsed[m.position]: f"{m.attempts}|{m.due_ms}|{m.problem}" for m in settlement.retry
+        }
+        done = {parsed[p] for p in settlement.sent} | {
+            parsed[d.entry.publication.position] for d in settlement.dead
+        }
+        for d in settlement.dead:  # before the settle: a crash in between only repeats it
+            e = d.entry
+            await self._cql.write(
+                "dl.add",
+                (self._ns, lease.partition, uuid.uuid1(), parsed[e.publication.position],
+                 e.tenant, e.conversation, e.seq, e.message_id,
+                 UNSET_VALUE if e.recipients is None else list(e.recipients),
+                 e.membership_version, d.problem, d.attempts),
+            )  # fmt: skip
+        acked = self._ack_point(held, done)
+        if not await self._cql.cas(
+            "rl.settle", (acked, marks, self._ns, lease.partition, lease.token)
+        ):
+            self._held.pop(lease.partition, None)
+            raise LeaseLost("another relay holds a newer lease on this partition")
+        for u in done:
+            held.sending.pop(u, None)
+            held.settled.add(u)
+        for m in settlement.retry:
+            held.retries[parsed[m.position]] = marks[parsed[m.position]]
+        if acked > held.acked_ms:
+            gone = [u for u in held.retries if time_ms(u) <= acked]
+            if gone:
+                await self._cql.cas(
+                    "rl.forget", (set(gone), self._ns, lease.partition, lease.token)
+                )
+            for u in gone:
+                held.retries.pop(u, None)
+            held.settled = {u for u in held.settled if time_ms(u) > acked}
+            held.acked_ms = acked
+
+    def _ack_point(self, held: _Held, done: set[uuid.UUID]) -> int:
+        """How far ``acked_ms`` may move once ``done`` is settled."""
+        bound = min(self._clock.now_ms() - self._settle_ms, time_ms(held.high) - 1)
+        if not held.reconciled:
+            bound = min(bound, held.acked_ms)
+        pending = [u for u in held.sending if u not in done]
+        if pending:
+            bound = min(bound, min(time_ms(u) for u in pending) - 1)
+        return max(held.acked_ms, bound)
+
+    async def oldest_pending_ms(self, lease: Lease) -> int | None:
+        held = self._held.get(lease.partition)
+        if held is not None and held.sending:
+            return min(time_ms(u) for u in held.sending)
+        start = later(held.high, max_uuid_at(held.acked_ms)) if held is not None else MIN_UUID
+        rows = await self._reader.after(self._check(lease.partition), start, 1)
+        return time_ms(rows[0]["position"]) if rows else None
+
+    async def dead_letters(
+        self, partition: str, after: str, limit: int
+    ) -> tuple[list[DeadLetter], str]:
+        try:
+            start = uuid.UUID(after) if after else MIN_UUID
+        except ValueError:
+            raise StoreInvalid("not a dead-letter token this outbox returned") from None
+        rows = await self._cql.read("dl.list", (self._ns, self._check(partition), start, limit + 1))
+        letters = [_letter(r) for r in rows[:limit]]
+        return letters, letters[-1].letter if len(rows) > limit else ""
+
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        moved = 0
+        for text in letters:
+            try:
+                letter = uuid.UUID(text)
+            except ValueError:
+                continue
+            rows = await self._cql.read("dl.get", (self._ns, self._check(partition), letter))
+            if not rows:
+                continue
+            e = _letter(rows[0]).entry
+            position = uuid.uuid1()
+            number = partition_number(e.tenant, e.conversation)
+            bucket = time_ms(position) // HOUR_MS
+            await self._cql.write("ol.bucket", (self._ns, number, bucket, OUTBOX_TTL_S + 86_400))
+            await self._cql.write(
+                "ol.add",
+                (self._ns, number, bucket, position, e.tenant, e.conversation, e.seq,
+                 e.message_id, UNSET_VALUE if e.recipients is None else list(e.recipients),
+                 e.membership_version, OUTBOX_TTL_S),
+            )  # fmt: skip
+            await self._cql.write("dl.drop", (self._ns, partition, letter))
+            moved += 1
+        return moved
+
+    async def relays(self, owner: str, ttl_ms: int) -> int:
+        await self._cql.write("rm.add", (self._ns, owner, max(1, ttl_ms // 1000)))
+        return len(await self._cql.read("rm.count", (self._ns,)))
+
+    async def readiness(self) -> None:
+        await asyncio.sleep(0)
+
+
+def _attempts(mark: str) -> int:
+    head = mark.split("|", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _letter(row: Row) -> DeadLetter:
+    try:
+        entry = row_entry(row)
+        return DeadLetter(
+            entry, row["problem"] or "", int(row["attempts"] or 0), str(row["letter"])
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreCorrupt("a dead letter could not be decoded") from exc

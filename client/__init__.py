@@ -1,0 +1,104 @@
+"""The client runtime of message-committer (seed 001, DESIGN §11).
+
+``ClientRuntime`` over a ``LocalStore`` (SQLite, ``open_local_store``) and a
+``Connector`` (gRPC, ``GrpcConnector``). See ``client.runtime`` for the cycle
+and ``client.events`` for what a host reads.
+"""
+
+from client.config import RuntimeConfig
+from client.errors import (
+    AccountMismatch,
+    AlreadyConnected,
+    ClientRuntimeError,
+    ConnectRequired,
+    DuplicateClientMessageId,
+    InvalidArgument,
+    InvalidMailboxPage,
+    LocalSchemaError,
+    LocalStoreBusy,
+    LocalStoreFailure,
+    Offline,
+    RebuildNotAllowed,
+    RuntimeStopped,
+    ServerRejected,
+)
+from client.events import (
+    ClientEvent,
+    ConnectionChanged,
+    CursorExpired,
+    EventsDropped,
+    LocalStoreReset,
+    MessagesAdded,
+    RebuildFinished,
+    RebuildStarted,
+    SendConfirmed,
+    SendFailed,
+)
+from client.faults import ClientCrash, ClientFaults, ClientPoint
+from client.model import (
+    ConnectRequest,
+    ExpiredCursor,
+    LocalMessage,
+    MailboxCursor,
+    MailboxPage,
+    MemberPageRequest,
+    Origin,
+    PendingSend,
+    RebuildPlan,
+    SendMessage,
+)
+from client.runtime import ClientRuntime
+from client.sqlite import SqliteLocalStore, in_memory_store_for_test, open_local_store
+from client.state import ConnectionState
+from client.store import LocalStore
+from client.transport import Connector, GrpcConnector, ServerApi
+
+__all__ = [
+    "AccountMismatch",
+    "AlreadyConnected",
+    "ClientCrash",
+    "ClientEvent",
+    "ClientFaults",
+    "ClientPoint",
+    "ClientRuntime",
+    "ClientRuntimeError",
+    "ConnectRequest",
+    "ConnectRequired",
+    "ConnectionChanged",
+    "ConnectionState",
+    "Connector",
+    "CursorExpired",
+    "DuplicateClientMessageId",
+    "EventsDropped",
+    "ExpiredCursor",
+    "GrpcConnector",
+    "InvalidArgument",
+    "InvalidMailboxPage",
+    "LocalMessage",
+    "LocalSchemaError",
+    "LocalStore",
+    "LocalStoreBusy",
+    "LocalStoreFailure",
+    "LocalStoreReset",
+    "MailboxCursor",
+    "MailboxPage",
+    "MemberPageRequest",
+    "MessagesAdded",
+    "Offline",
+    "Origin",
+    "PendingSend",
+    "RebuildFinished",
+    "RebuildNotAllowed",
+    "RebuildPlan",
+    "RebuildStarted",
+    "RuntimeConfig",
+    "RuntimeStopped",
+    "SendConfirmed",
+    "SendFailed",
+    "SendMessage",
+    "ServerApi",
+    "ServerRejected",
+    "SqliteLocalStore",
+    "in_memory_store_for_test",
+    "open_local_store",
+]

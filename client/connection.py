@@ -1,0 +1,285 @@
+"""The connection cycle of one ``ClientRuntime`` (see ``client.runtime``).
+
+``Supervisor.run`` loops: connect, sync (rebuilding expired lanes), reconcile
+pending sends by cmid, go ONLINE; whatever ends a connection (a failed call,
+an ACK timeout, a PONG timeout, the stream ending) is logged by its class,
+the state goes to DISCONNECTED, and after a jittered backoff the cycle starts
+again. Every loop is bounded: pages per lane, rebuilds per connection,
+attempts per send; waits are bounded by the PONG deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from client import pages
+from client.errors import ClientRuntimeError
+from client.events import CursorExpired, SendFailed
+from client.faults import ClientCrash, ClientPoint
+from client.model import INBOX, ExpiredCursor, MailboxCursor, MailboxHint, PendingSend
+from client.outcomes import Outcome, classify, describe, is_timeout, retry_wait_s
+from client.state import Backoff, ConnectionState, Liveness
+from client.transport import ServerApi
+from service.domain.errors import CommitError
+from service.domain.errors import CursorExpired as ServerCursorExpired
+from service.domain.model import CommittedMessage, Direction, HistoryQuery
+
+if TYPE_CHECKING:
+    from client.runtime import ClientRuntime
+
+log = logging.getLogger(__name__)
+
+S = ConnectionState
+HISTORY_CHECK_SLACK_MS = 60_000
+"""How far before a send's first attempt the history look-up reads (clock skew)."""
+
+
+class LeaveOnline(Exception):
+    """This connection is over; ``reason`` says why (never content or addresses)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Expired(Exception):
+    def __init__(self, lane: str) -> None:
+        super().__init__(lane)
+        self.lane = lane
+
+
+class Supervisor:
+    def __init__(self, runtime: ClientRuntime) -> None:
+        self.rt = runtime
+        self.cfg = runtime.config
+        self.account = runtime.account
+        self.backoff = Backoff(self.cfg.reconnect_initial_s, self.cfg.reconnect_max_s, runtime.rng)
+        self.loop = asyncio.get_running_loop()
+
+    async def run(self) -> None:
+        rt = self.rt
+        for _attempt in range(1_000_000_000):  # a runtime's life; each turn waits a backoff
+            rt.set_state(S.CONNECTING)
+            api = rt.connector.open()
+            rt.api = api
+            reason = ""
+            try:
+                await api.wait_ready()
+                await self.session(api)
+            except ClientCrash as crash:
+                rt.die(crash)
+                return
+            except LeaveOnline as exc:
+                reason = exc.reason
+            except (CommitError, ClientRuntimeError) as exc:
+                reason = describe(exc)
+            except Exception as exc:  # a bug: keep the runtime alive, but say so loudly
+                rt.unexpected[type(exc).__name__] += 1
+                log.exception("client runtime: unexpected %s", type(exc).__name__)
+                reason = f"unexpected {type(exc).__name__}"
+            finally:
+                rt.api = None
+                with contextlib.suppress(Exception):
+                    await api.close()
+            rt.set_state(S.DISCONNECTED, reason)
+            await asyncio.sleep(self.backoff.next_delay())
+
+    async def session(self, api: ServerApi) -> None:
+        rebuilds = 0
+        lanes = await self.listed_lanes(api)
+        while True:  # each turn: sync, reconcile, online until a CursorExpired
+            self.rt.set_state(S.SYNCING)
+            for _ in range(self.cfg.max_rebuilds_per_connection + 1):
+                try:
+                    await self.sync_all(api, lanes)
+                    break
+                except _Expired as exc:
+                    rebuilds += 1
+                    if rebuilds > self.cfg.max_rebuilds_per_connection:
+                        raise LeaveOnline("too many rebuilds on one connection") from None
+                    await self.rebuild(exc.lane)
+            await self.reconcile(api)
+            self.rt.set_state(S.ONLINE)
+            self.backoff.reset()
+            await self.online(api)
+
+    # --- sync and rebuild -------------------------------------------------------------
+
+    async def listed_lanes(self, api: ServerApi) -> list[str]:
+        """The lanes of the big conversations the user is in (ListConversations), so a
+        lane is synced from its first entry, before any hint names it."""
+        listed = await self.rt.list_conversations(api, self.account)
+        return [c.lane for c in listed if c.lane != INBOX]
+
+    async def sync_all(self, api: ServerApi, listed: list[str]) -> None:
+        known = [c.lane for c in await self.rt.store.cursors()] + list(self.rt.expired)
+        for lane in pages.lanes_to_sync(known + listed):
+            await self.sync_lane(api, lane)
+
+    async def sync_lane(self, api: ServerApi, lane: str) -> None:
+        rt, a = self.rt, self.account
+        if lane in rt.expired:
+            raise _Expired(lane)
+        for _ in range(self.cfg.max_sync_pages):
+            cursor = await rt.store.cursor(lane) or MailboxCursor(lane)
+            try:
+                page = await api.sync(a.tenant, a.user, cursor, self.cfg.sync_limit)
+            except ServerCursorExpired as exc:
+                expired = ExpiredCursor(lane, exc.epoch, exc.trim_watermark, exc.why)
+                rt.expired[lane] = expired
+                rt.emit(CursorExpired(lane, exc.epoch, exc.trim_watermark, exc.why))
+                raise _Expired(lane) from None
+            except CommitError as exc:
+                if lane != INBOX and classify(exc) is Outcome.REFUSED:
+                    return  # a big conversation the user left: nothing to sync
+                raise
+            await rt.apply_mailbox_batch(page)
+            if not page.more:
+                return
+        log.warning("client runtime: lane sync stopped at its page bound")
+
+    async def rebuild(self, lane: str) -> None:
+        rt = self.rt
+        expired = rt.expired[lane]
+        rt.set_state(S.REBUILDING, f"cursor of {lane} expired")
+        await rt.begin_rebuild(expired)
+        await rt.finish_rebuild(MailboxCursor(lane, expired.epoch, expired.trim_watermark))
+        rt.set_state(S.SYNCING, "rebuilt")
+
+    # --- reconcile --------------------------------------------------------------------
+
+    async def reconcile(self, api: ServerApi) -> None:
+        """Every pending send that ever went out, by its own cmid (oldest first)."""
+        rt, user = self.rt, self.account.user
+        for p in await rt.store.pending():
+            if p.parked or p.attempts == 0:
+                continue  # a send that never went out is simply sent
+            own = await rt.store.find_own(user, p.cmid)
+            if own is not None:
+                r = own.record
+                committed = CommittedMessage(
+                    r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms
+                )
+                await rt.confirm(p, committed, "mailbox")
+                continue
+            age_ms = rt.now_ms() - p.first_attempt_ms
+            if age_ms > self.cfg.history_check_after_s * 1000 and await self.in_history(api, p):
+                continue
+            try:
+                found = await api.resume_existing(p.send)
+            except CommitError as exc:
+                await self.failed(p, exc)
+                continue
+            if found is not None:
+                rt.hit(ClientPoint.RESUMED_BEFORE_RESOLVE)
+                await rt.confirm(p, found, "resume")
+            # not found: it stays pending and goes out again with the same id
+
+    async def in_history(self, api: ServerApi, p: PendingSend) -> bool:
+        """Look for the send in its conversation's history, newest first, back to
+        its first attempt (the server no longer knows keys that old)."""
+        a, rt = self.account, self.rt
+        anchor = 0
+        since = p.first_attempt_ms - HISTORY_CHECK_SLACK_MS
+        for _ in range(self.cfg.history_check_pages):
+            query = HistoryQuery(a.tenant, p.conversation, a.user, Direction.BACKWARD, anchor)
+            page = await api.history(query)
+            hit = any(r.sender == a.user and r.cmid == p.cmid for r in page.records)
+            if hit:
+                rt.report(await rt.guarded(rt.store.apply_history(page)), "history")
+                return True
+            if not page.next_anchor or all(r.server_ts_ms < since for r in page.records):
+                return False
+            anchor = page.next_anchor
+        return False
+
+    # --- online -----------------------------------------------------------------------
+
+    async def online(self, api: ServerApi) -> None:
+        """Send and follow hints until the connection ends (raises) or a lane's
+        cursor expired (returns: the session syncs and rebuilds)."""
+        rt = self.rt
+        liveness = Liveness(self.cfg.pong_timeout_s, self.loop.time())
+        stream = asyncio.create_task(self.read_stream(api, liveness), name="client-subscribe")
+        try:
+            for _ in range(1_000_000_000):  # a connection's life; each turn waits or works
+                if stream.done():
+                    stream.result()
+                    raise LeaveOnline("the Subscribe stream ended")
+                if liveness.expired(self.loop.time()):
+                    raise LeaveOnline(f"PONG timeout: no heartbeat for {self.cfg.pong_timeout_s}s")
+                if rt.sync_wanted:
+                    lanes, rt.sync_wanted = sorted(rt.sync_wanted), set()
+                    try:
+                        for lane in lanes:
+                            await self.sync_lane(api, lane)
+                    except _Expired:
+                        return
+                    continue
+                if await self.send_next(api):
+                    continue
+                rt.wake.clear()
+                if rt.sync_wanted:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    wait = max(0.05, liveness.remaining(self.loop.time()))
+                    await asyncio.wait_for(rt.wake.wait(), wait)
+        finally:
+            stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stream
+
+    async def read_stream(self, api: ServerApi, liveness: Liveness) -> None:
+        """Hints only ever ask for a sync; the stream's every message is a PONG."""
+        rt, a = self.rt, self.account
+        try:
+            async for item in api.subscribe(a.tenant, a.user, self.cfg.heartbeat_s):
+                liveness.seen(self.loop.time())
+                if isinstance(item, MailboxHint):
+                    cursor = await rt.store.cursor(item.lane)
+                    if cursor is None or cursor.epoch != item.epoch or item.seq > cursor.seq:
+                        rt.sync_wanted.add(item.lane)
+                rt.wake.set()
+        except CommitError as exc:
+            raise LeaveOnline(f"Subscribe failed: {describe(exc)}") from None
+        finally:
+            rt.wake.set()
+
+    async def send_next(self, api: ServerApi) -> bool:
+        """Send the oldest sendable pending send; False when there is none."""
+        rt = self.rt
+        for p in await rt.store.pending():
+            if p.parked:
+                continue
+            if p.attempts >= self.cfg.max_send_attempts:
+                await self.park(p, "Wedged", f"no answer after {p.attempts} attempts")
+                continue
+            await rt.store.mark_attempt(p.cmid, rt.now_ms())
+            rt.hit(ClientPoint.ATTEMPT_BEFORE_SEND)
+            try:
+                committed = await api.commit(p.send)
+            except CommitError as exc:
+                if is_timeout(exc):
+                    raise LeaveOnline(f"ACK timeout after {self.cfg.ack_timeout_s}s") from None
+                await self.failed(p, exc)
+                return True
+            rt.hit(ClientPoint.SENT_BEFORE_ACK)
+            await rt.confirm(p, committed, "ack")
+            return True
+        return False
+
+    async def failed(self, p: PendingSend, exc: CommitError) -> None:
+        outcome = classify(exc)
+        if outcome is Outcome.REFUSED:
+            await self.park(p, type(exc).__name__, str(exc))
+        elif outcome is Outcome.RETRY_LATER:
+            await asyncio.sleep(retry_wait_s(exc))
+        else:
+            raise LeaveOnline(f"send failed: {describe(exc)}")
+
+    async def park(self, p: PendingSend, error: str, message: str) -> None:
+        await self.rt.store.park_pending(p.cmid, f"{error}: {message}")
+        self.rt.emit(SendFailed(p.cmid, p.conversation, error, message))

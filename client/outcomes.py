@@ -1,0 +1,72 @@
+"""What a failed call means for a pending send (pure).
+
+==============  ===========================================  =====================
+outcome         errors                                       the runtime
+==============  ===========================================  =====================
+REFUSED         InvalidRequest (and InvalidClientMessageId),  parks the send
+                NotAMember, ConversationNotFound,
+                IdempotencyConflict, RequestTooLarge
+RETRY_LATER     Recoverable (the key is unfinished),          waits the hint (at
+                QuotaExceeded                                 most 5 s), retries
+                                                              the same send
+CONNECTION      Unavailable, a DEADLINE_EXCEEDED (the ACK     leaves ONLINE,
+                timeout), INTERNAL, anything else: the        reconnects, then
+                outcome is unknown                            reconciles by cmid
+==============  ===========================================  =====================
+
+An unknown outcome is never a failure of the send: only the server's "no"
+parks it; everything else is settled by reconciliation after a reconnect.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import grpc
+
+from service.api.errors import RemoteError, RequestTooLarge
+from service.domain.errors import (
+    ConversationNotFound,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotAMember,
+    QuotaExceeded,
+    Recoverable,
+)
+
+MAX_RETRY_WAIT_S = 5.0
+
+
+class Outcome(enum.Enum):
+    REFUSED = "refused"
+    RETRY_LATER = "retry_later"
+    CONNECTION = "connection"
+
+
+_REFUSED = (InvalidRequest, NotAMember, ConversationNotFound, IdempotencyConflict, RequestTooLarge)
+
+
+def classify(exc: BaseException) -> Outcome:
+    if isinstance(exc, _REFUSED):
+        return Outcome.REFUSED
+    if isinstance(exc, Recoverable | QuotaExceeded):
+        return Outcome.RETRY_LATER
+    return Outcome.CONNECTION
+
+
+def retry_wait_s(exc: BaseException) -> float:
+    """How long to wait before the same send again after a RETRY_LATER."""
+    hint = exc.retry_after_s if isinstance(exc, QuotaExceeded) else 0.2
+    return min(max(hint, 0.05), MAX_RETRY_WAIT_S)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, RemoteError) and exc.code is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def describe(exc: BaseException) -> str:
+    """A short, safe text for an event or a log: the class and the server's message."""
+    if is_timeout(exc):
+        return "DeadlineExceeded"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,402 @@
+"""``ClientRuntime`` (DESIGN §11, seed 001): the one runtime every chat host drives.
+
+The host creates it over a LocalStore and a Connector, calls ``connect`` once
+(nothing reaches the network before, and there is no default account), then
+sends with ``send_message`` and reads ``next_event``. Behind it one
+supervisor task runs the connection cycle (``client.connection``):
+
+1. CONNECTING: open a connection, wait for it to come up;
+2. SYNCING: sync every known lane to its head, one local transaction per
+   page (messages, dedupe, projection, cursor); a CURSOR_EXPIRED answer
+   turns into a REBUILD (``begin_rebuild`` → ``finish_rebuild``);
+3. reconcile every pending send that ever went out, by its own cmid:
+   already in the store → confirmed in place; ResumeExisting found it →
+   confirmed with the server's coordinates; not found → it stays pending and
+   is resent with the same id;
+4. ONLINE: send pending sends one by one, oldest first; follow the
+   Subscribe stream's hints (a hint never moves a cursor: it makes the
+   runtime sync). An ACK timeout, a PONG timeout or any connection failure
+   leaves ONLINE; the cycle starts again after a jittered backoff.
+
+``send_message`` persists the send before anything goes out, so a send whose
+ACK was lost (by a crash of either side) is reconciled after the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Literal, TypeVar
+
+from client import pages
+from client.config import RuntimeConfig
+from client.errors import (
+    AlreadyConnected,
+    ConnectRequired,
+    InvalidArgument,
+    Offline,
+    RebuildNotAllowed,
+    RuntimeStopped,
+    ServerRejected,
+)
+from client.events import (
+    ClientEvent,
+    ConnectionChanged,
+    EventQueue,
+    LocalStoreReset,
+    MessagesAdded,
+    RebuildFinished,
+    RebuildStarted,
+    SendConfirmed,
+    Via,
+)
+from client.faults import ClientCrash, ClientFaults, ClientPoint
+from client.model import (
+    Backfill,
+    ConnectRequest,
+    ConversationSummary,
+    ExpiredCursor,
+    MailboxCursor,
+    MailboxPage,
+    MemberPageRequest,
+    PendingSend,
+    RebuildPlan,
+    SendMessage,
+)
+from client.outcomes import Outcome, classify
+from client.state import ConnectionState, check_transition
+from client.store import Applied, LocalStore
+from client.transport import Connector, ServerApi
+from service.domain.errors import CommitError, InvalidRequest, Unavailable
+from service.domain.limits import CommitLimits, validate_send
+from service.domain.model import (
+    AuthenticatedSend,
+    CommittedMessage,
+    Direction,
+    HistoryPage,
+    HistoryQuery,
+    MemberPage,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_LIST_PAGES = 1000
+
+
+class ClientRuntime:
+    """Connection, sync, cursors, pending sends, REBUILD and event dedupe for one account."""
+
+    def __init__(
+        self,
+        store: LocalStore,
+        connector: Connector,
+        *,
+        config: RuntimeConfig | None = None,
+        faults: ClientFaults | None = None,
+        rng: random.Random | None = None,
+        limits: CommitLimits | None = None,
+    ) -> None:
+        self.store = store
+        self.config = (config or RuntimeConfig()).validate()
+        self.faults = faults or ClientFaults()
+        self.connector = connector
+        self.rng = rng or random.Random()
+        self._limits = limits or CommitLimits()
+        self._events = EventQueue(self.config.event_capacity)
+        self._state = ConnectionState.DISCONNECTED
+        self._account: ConnectRequest | None = None
+        self.api: ServerApi | None = None
+        """The connection of the current cycle (None while disconnected)."""
+        self.wake = asyncio.Event()
+        self.sync_wanted: set[str] = set()
+        self.expired: dict[str, ExpiredCursor] = {}
+        self._apply_lock = asyncio.Lock()
+        self._supervisor: asyncio.Task[None] | None = None
+        self.crash: ClientCrash | None = None
+        self.unexpected: Counter[str] = Counter()
+        """Exceptions the connection cycle did not expect (bugs), by class."""
+        self._stopped = False
+        self._backfilled = 0
+
+    # --- state and events ------------------------------------------------------------
+
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    @property
+    def account(self) -> ConnectRequest:
+        """The connected account; ConnectRequired before ``connect``."""
+        if self._account is None:
+            raise ConnectRequired("call connect() first; the runtime has no default account")
+        return self._account
+
+    def set_state(self, state: ConnectionState, reason: str = "") -> None:
+        if state is self._state:
+            return
+        check_transition(self._state, state)
+        self._state = state
+        log.info("client runtime: %s%s", state.value, f" ({reason})" if reason else "")
+        self.emit(ConnectionChanged(state, reason))
+
+    def emit(self, event: ClientEvent) -> None:
+        self._events.put(event)
+
+    async def next_event(self) -> ClientEvent:
+        """The next event, in order; RuntimeStopped once stopped and drained."""
+        return await self._events.get()
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def connect(self, request: ConnectRequest) -> None:
+        """Bind the local store to ``request``'s account and start the connection cycle."""
+        self._check_running()
+        if self._account is not None:
+            raise AlreadyConnected("connect() may be called once per runtime")
+        try:
+            request.validate()
+        except InvalidRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        await self.store.bind_account(request)
+        self._account = request
+        report = self.store.reset_report
+        if report is not None:
+            self.emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+        for expired in await self.store.rebuilding():  # a REBUILD a crash interrupted
+            self.expired[expired.lane] = expired
+        from client.connection import Supervisor  # the cycle lives beside the commands
+
+        self._supervisor = asyncio.create_task(Supervisor(self).run(), name="client-runtime")
+
+    async def close(self) -> None:
+        """Stop the cycle, close the connection and the store; events end with
+        RuntimeStopped. Also the way to release a runtime that crashed."""
+        self._stopped = True
+        try:
+            task = self._supervisor
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ClientCrash):
+                    await task
+            if self.api is not None:
+                with contextlib.suppress(Exception):
+                    await self.api.close()
+                self.api = None
+            await self.store.close()
+        finally:
+            if self._state is not ConnectionState.CLOSED:
+                self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
+            self._events.close()
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise RuntimeStopped("the runtime was closed or crashed; open a new one")
+
+    def die(self, crash: ClientCrash) -> None:
+        """An injected crash: stop everything where it is, write nothing more."""
+        if self.crash is None:
+            self.crash = crash
+            log.warning("client runtime: %s", crash)
+        self._stopped = True
+        task = self._supervisor
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def hit(self, point: ClientPoint) -> None:
+        try:
+            self.faults.check(point)
+        except ClientCrash as crash:
+            self.die(crash)
+            raise
+
+    async def guarded(self, work: Awaitable[T]) -> T:
+        """``work``, with an injected crash inside it (a store's mid-batch point)
+        stopping the runtime."""
+        try:
+            return await work
+        except ClientCrash as crash:
+            self.die(crash)
+            raise
+
+    def _require(self) -> tuple[ConnectRequest, ServerApi | None]:
+        self._check_running()
+        return self.account, self.api
+
+    # --- sends --------------------------------------------------------------------------
+
+    async def send_message(self, message: SendMessage) -> PendingSend:
+        """Persist ``message`` as pending (atomically, before any network I/O) and
+        queue it; the outcome arrives as SendConfirmed or SendFailed."""
+        account, _ = self._require()
+        send = AuthenticatedSend(
+            tenant=account.tenant,
+            sender=account.user,
+            device=account.device,
+            conversation=message.conversation,
+            cmid=message.cmid,
+            content=message.content,
+            mentions=tuple(message.mentions),
+            reply_to=message.reply_to,
+        )
+        try:
+            validate_send(send, self._limits)
+        except InvalidRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        pending = await self.store.persist_pending(send, self.now_ms())
+        self.hit(ClientPoint.AFTER_PERSIST)
+        self.wake.set()
+        return pending
+
+    async def retry_parked(self, cmid: str) -> bool:
+        """Make a parked send pending again (e.g. after the user was added back)."""
+        self._require()
+        again = await self.store.unpark_pending(cmid)
+        self.wake.set()
+        return again
+
+    async def confirm(self, pending: PendingSend, message: CommittedMessage, via: Via) -> None:
+        """Resolve ``pending`` with the server's coordinates and report it once."""
+        resolved = await self.store.resolve_pending(message, pending.send.content)
+        if resolved is not None:
+            self.emit(SendConfirmed(pending.cmid, message, via))
+
+    # --- batches --------------------------------------------------------------------------
+
+    async def apply_mailbox_batch(self, page: MailboxPage) -> Applied:
+        """Apply one page of complete groups that continues the stored cursor: its
+        messages, dedupe, projection and the new cursor in one local transaction."""
+        self._require()
+        async with self._apply_lock:
+            cursor = await self.store.cursor(page.lane) or MailboxCursor(page.lane)
+            pages.check_page(cursor, page)
+            applied = await self.guarded(self.store.apply_mailbox_page(page, page.next_cursor))
+            self.hit(ClientPoint.AFTER_BATCH)
+        self.report(applied, "mailbox")
+        return applied
+
+    def report(self, applied: Applied, source: Literal["mailbox", "history"]) -> None:
+        if applied.added:
+            self.emit(MessagesAdded(applied.added, source))
+        for c in applied.confirmed:
+            self.emit(SendConfirmed(c.cmid, c.message, source))
+
+    # --- pulls ------------------------------------------------------------------------------
+
+    async def pull_history(self, query: HistoryQuery) -> HistoryPage:
+        """One page of history as this account (tenant and actor are the account's),
+        written to the local store (deduped)."""
+        account, api = self._require()
+        if query.tenant not in ("", account.tenant) or query.actor not in ("", account.user):
+            raise InvalidArgument("history is read as the connected account only")
+        q = replace(query, tenant=account.tenant, actor=account.user)
+        page = await self._pull(api, lambda a: a.history(q))
+        self.report(await self.guarded(self.store.apply_history(page)), "history")
+        return page
+
+    async def pull_members(self, request: MemberPageRequest) -> MemberPage:
+        account, api = self._require()
+        r = request
+        return await self._pull(
+            api, lambda a: a.list_members(account.tenant, r.conversation, r.page_size, r.page_token)
+        )
+
+    async def _pull(self, api: ServerApi | None, call: Callable[[ServerApi], Awaitable[T]]) -> T:
+        if api is None:
+            raise Offline("no server connection right now; the runtime is reconnecting")
+        try:
+            return await call(api)
+        except Unavailable as exc:
+            raise Offline("the server is unavailable; the runtime is reconnecting") from exc
+        except CommitError as exc:
+            raise ServerRejected(exc) from None
+
+    # --- REBUILD ----------------------------------------------------------------------------
+
+    async def begin_rebuild(self, expired: ExpiredCursor) -> RebuildPlan:
+        """Entered only from CursorExpired: fetch the authoritative conversation list
+        and backfill each affected conversation's history (pending sends and local
+        messages are kept). ``finish_rebuild`` ends it."""
+        account, api = self._require()
+        if expired.lane not in self.expired:
+            raise RebuildNotAllowed("begin_rebuild is entered only from CursorExpired")
+        if api is None:
+            raise Offline("a rebuild needs the server")
+        listed = await self.list_conversations(api, account)
+        targets = [c.conversation for c in listed if c.lane == expired.lane]
+        floors = []
+        for conversation in targets:
+            newest = await self.store.max_seq(conversation)
+            floors.append((conversation, max(0, newest - self.config.backfill_overlap)))
+        await self.store.begin_rebuild(expired, listed, floors, self.now_ms())
+        plan = RebuildPlan(expired.lane, expired.epoch, expired.trim_watermark, tuple(targets))
+        self.emit(RebuildStarted(plan))
+        self._backfilled = 0
+        for progress in await self.store.backfills(expired.lane):
+            if not progress.done:
+                self._backfilled += await self._backfill(api, account, progress)
+                self.hit(ClientPoint.MID_REBUILD)
+        return plan
+
+    async def finish_rebuild(self, cursor: MailboxCursor) -> None:
+        """Store the lane's new cursor; sync goes on from there and pending sends
+        are reconciled next."""
+        self._require()
+        if cursor.lane not in self.expired:
+            raise RebuildNotAllowed("finish_rebuild follows begin_rebuild")
+        await self.store.finish_rebuild(cursor)
+        del self.expired[cursor.lane]
+        self.emit(RebuildFinished(cursor, self._backfilled))
+        self._backfilled = 0
+
+    async def list_conversations(
+        self, api: ServerApi, account: ConnectRequest
+    ) -> list[ConversationSummary]:
+        """The authoritative list of the account's conversations, every page."""
+        listed: list[ConversationSummary] = []
+        token = ""
+        for _ in range(MAX_LIST_PAGES):
+            page = await api.list_conversations(account.tenant, account.user, 0, token)
+            listed += page.conversations
+            token = page.next_page_token
+            if not token:
+                break
+        return listed
+
+    async def _backfill(self, api: ServerApi, account: ConnectRequest, b: Backfill) -> int:
+        """Backward pages of one conversation down to its floor; returns messages added."""
+        cfg = self.config
+        added = 0
+        for _ in range(cfg.backfill_cap // cfg.backfill_page + 2):
+            query = HistoryQuery(
+                account.tenant,
+                b.conversation,
+                account.user,
+                Direction.BACKWARD,
+                b.anchor,
+                cfg.backfill_page,
+            )
+            try:
+                page = await api.history(query)
+            except CommitError as exc:
+                if classify(exc) is not Outcome.REFUSED:  # left it since the list was read
+                    raise
+                page = HistoryPage(b.conversation, Direction.BACKWARD, b.anchor, 0, (), 0, 0)
+            fetched = b.fetched + len(page.records)
+            done = pages.backfill_done(page, b.floor_seq, fetched, cfg.backfill_cap)
+            b = replace(b, anchor=page.next_anchor, fetched=fetched, done=done)
+            applied = await self.guarded(self.store.apply_backfill(b, page))
+            added += len(applied.added)
+            self.report(applied, "history")
+            if done:
+                break
+        return added

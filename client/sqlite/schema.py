@@ -1,0 +1,297 @@
+"""The local SQLite schema: versioned migrations, a check, and the reset.
+
+The schema version is ``PRAGMA user_version``; ``MIGRATIONS[i]`` takes a
+database from version ``i`` to ``i + 1``, each step in one transaction
+(``user_version`` is part of the database header, so it commits or rolls
+back with the step).
+
+=======  ====================================================================
+version  change
+=======  ====================================================================
+1        meta (the bound account), pending, messages, conversations, cursors
+2        rebuilds (a REBUILD begun and not finished) and backfills (its progress
+         per conversation); messages by (sender, cmid)
+=======  ====================================================================
+
+The ``pending`` table's columns are frozen across versions: a reset (and a
+runtime of any later version) can always read ``cmid`` and ``send``.
+
+A database the runtime cannot use (not a database, a version newer than
+``LATEST``, a failed migration, a table without its columns) is *reset*:
+the pending sends that can still be read are kept, everything else (the
+account binding, messages, the projection, cursors) is dropped, the old
+files are kept beside it as ``<name>.before-reset``. Order, so that a crash
+at any point leaves either the old or the new database in place: build the
+new one as ``<name>.new``, move the old files aside, move the new one in; an
+open that finds only ``<name>.new`` finishes the move.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.errors import LocalSchemaError
+
+V1 = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE pending (
+        cmid TEXT PRIMARY KEY,
+        position INTEGER NOT NULL UNIQUE,
+        conversation TEXT NOT NULL,
+        send BLOB NOT NULL,
+        created_ms INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        first_attempt_ms INTEGER NOT NULL DEFAULT 0,
+        parked INTEGER NOT NULL DEFAULT 0,
+        problem TEXT NOT NULL DEFAULT ''
+    )""",
+    """CREATE TABLE messages (
+        message_id TEXT PRIMARY KEY,
+        conversation TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        sender TEXT NOT NULL,
+        cmid TEXT NOT NULL,
+        message_type TEXT NOT NULL,
+        custom_type TEXT NOT NULL,
+        server_ts_ms INTEGER NOT NULL,
+        origin TEXT NOT NULL,
+        record BLOB NOT NULL,
+        UNIQUE (conversation, seq)
+    )""",
+    """CREATE TABLE conversations (
+        conversation TEXT PRIMARY KEY,
+        lane TEXT NOT NULL DEFAULT 'inbox',
+        last_seq INTEGER NOT NULL DEFAULT 0,
+        last_message_id TEXT NOT NULL DEFAULT '',
+        last_ts_ms INTEGER NOT NULL DEFAULT 0,
+        message_count INTEGER NOT NULL DEFAULT 0,
+        member_count INTEGER NOT NULL DEFAULT 0,
+        version INTEGER NOT NULL DEFAULT 0,
+        listed INTEGER NOT NULL DEFAULT 0
+    )""",
+    """CREATE TABLE cursors (
+        lane TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+    )""",
+)
+V2 = (
+    "CREATE INDEX messages_by_sender_cmid ON messages (sender, cmid)",
+    """CREATE TABLE rebuilds (
+        lane TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL,
+        trim_watermark INTEGER NOT NULL,
+        why TEXT NOT NULL,
+        started_ms INTEGER NOT NULL
+    )""",
+    """CREATE TABLE backfills (
+        lane TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        floor_seq INTEGER NOT NULL,
+        anchor INTEGER NOT NULL DEFAULT 0,
+        fetched INTEGER NOT NULL DEFAULT 0,
+        done INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (lane, conversation)
+    )""",
+)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (V1, V2)
+LATEST = len(MIGRATIONS)
+
+EXPECTED_COLUMNS: dict[str, frozenset[str]] = {
+    "meta": frozenset({"key", "value"}),
+    "pending": frozenset(
+        {
+            "cmid",
+            "position",
+            "conversation",
+            "send",
+            "created_ms",
+            "attempts",
+            "first_attempt_ms",
+            "parked",
+            "problem",
+        }
+    ),
+    "messages": frozenset(
+        {
+            "message_id",
+            "conversation",
+            "seq",
+            "sender",
+            "cmid",
+            "message_type",
+            "custom_type",
+            "server_ts_ms",
+            "origin",
+            "record",
+        }
+    ),
+    "conversations": frozenset(
+        {
+            "conversation",
+            "lane",
+            "last_seq",
+            "last_message_id",
+            "last_ts_ms",
+            "message_count",
+            "member_count",
+            "version",
+            "listed",
+        }
+    ),
+    "cursors": frozenset({"lane", "epoch", "seq", "updated_ms"}),
+    "rebuilds": frozenset({"lane", "epoch", "trim_watermark", "why", "started_ms"}),
+    "backfills": frozenset({"lane", "conversation", "floor_seq", "anchor", "fetched", "done"}),
+}
+PENDING_COLUMNS = (
+    "cmid",
+    "position",
+    "conversation",
+    "send",
+    "created_ms",
+    "attempts",
+    "first_attempt_ms",
+    "parked",
+    "problem",
+)
+
+
+def connect(path: str, synchronous: str) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL for files."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    try:
+        if path != ":memory:":
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise LocalSchemaError("the local store could not switch to WAL mode")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def version_of(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(db: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRATIONS) -> int:
+    """Bring ``db`` to the latest version, step by step; the version it had before.
+
+    LocalSchemaError when it is newer than this runtime or a step fails (that
+    step is rolled back; earlier steps stay).
+    """
+    start = version_of(db)
+    if start > len(migrations):
+        raise LocalSchemaError(
+            f"the local schema is version {start}, newer than this runtime's {len(migrations)}"
+        )
+    for target in range(start + 1, len(migrations) + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in migrations[target - 1]:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
+        except sqlite3.Error as exc:
+            db.execute("ROLLBACK")
+            raise LocalSchemaError(
+                f"the local migration to version {target} failed ({type(exc).__name__})"
+            ) from exc
+        db.execute("COMMIT")
+    return start
+
+
+def verify(db: sqlite3.Connection) -> None:
+    """LocalSchemaError unless every table has the columns this runtime uses."""
+    for table, columns in EXPECTED_COLUMNS.items():
+        found = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if not columns <= found:
+            raise LocalSchemaError(f"the local table {table} lacks columns this runtime needs")
+
+
+# --- the reset -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Salvage:
+    rows: tuple[tuple[object, ...], ...]
+    """Pending rows in PENDING_COLUMNS order, ``send`` as the stored bytes."""
+    lost: bool
+    """True when the pending table could not be read at all."""
+
+
+def salvage_pending(path: Path) -> Salvage:
+    """The pending rows of a database about to be reset, as far as they can be read."""
+    try:
+        db = sqlite3.connect(str(path), isolation_level=None, timeout=5.0)
+    except sqlite3.Error:
+        return Salvage((), True)
+    try:
+        try:
+            rows = db.execute(
+                f"SELECT {', '.join(PENDING_COLUMNS)} FROM pending ORDER BY position"
+            ).fetchall()
+            return Salvage(tuple(tuple(r) for r in rows), False)
+        except sqlite3.Error:
+            pass
+        try:  # the frozen core columns only
+            core = db.execute("SELECT cmid, send FROM pending ORDER BY rowid").fetchall()
+        except sqlite3.Error:
+            return Salvage((), True)
+        rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
+        return Salvage(tuple(rows), False)
+    finally:
+        db.close()
+
+
+def sidecars(path: Path, suffix: str = "") -> list[Path]:
+    base = path.with_name(path.name + suffix)
+    return [base, base.with_name(base.name + "-wal"), base.with_name(base.name + "-shm")]
+
+
+def finish_interrupted_reset(path: Path) -> None:
+    """A reset that crashed after moving the old files aside: move the new one in."""
+    new = path.with_name(path.name + ".new")
+    if new.exists() and not path.exists():
+        os.replace(new, path)
+
+
+def rebuild_file(path: Path, rows: Sequence[Sequence[object]]) -> None:
+    """Replace ``path`` with a fresh database holding only ``rows`` as pending."""
+    new = path.with_name(path.name + ".new")
+    for stale in sidecars(path, ".new"):
+        stale.unlink(missing_ok=True)
+    db = sqlite3.connect(str(new), isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=DELETE")
+        db.execute("PRAGMA synchronous=FULL")
+        migrate(db)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            f"INSERT OR IGNORE INTO pending ({', '.join(PENDING_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(PENDING_COLUMNS))})",
+            [tuple(r) for r in rows],
+        )
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    for old, aside in zip(sidecars(path), sidecars(path, ".before-reset"), strict=True):
+        if old.exists():
+            os.replace(old, aside)
+        else:
+            aside.unlink(missing_ok=True)
+    os.replace(new, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

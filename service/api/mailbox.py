@@ -1,0 +1,212 @@
+"""The MailboxService servicer: Sync pages and Subscribe hints (DESIGN §10).
+
+Authorised like History: the gateway authenticated ``user``; the inbox is the
+user's own, and a conversation lane is readable only while the user is a
+member of the conversation (an admission point lookup). CursorExpired goes
+to the interceptor as FAILED_PRECONDITION / CURSOR_EXPIRED with the lane,
+epoch and trim watermark in its ErrorInfo.
+
+Subscribe polls the lanes' heads every ``poll_interval`` (one backend read
+per stream per interval) and sends a hint when one changed, a heartbeat
+every ``heartbeat_seconds``; it ends when the client goes away or the
+server starts shutting down (``stopping``). Hints never carry entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from grpc import aio
+
+from service.api import convert
+from service.domain import mailbox as lanes
+from service.domain.delivery import DeliveryPorts
+from service.domain.errors import (
+    ConversationNotFound,
+    InvalidRequest,
+    NotAMember,
+    StoreError,
+    StoreUnavailable,
+    Unavailable,
+)
+from service.domain.ids import check_id
+from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxEntry, MailboxPage
+from service.domain.ports import Clock, MembershipStore
+from service.gen.message_committer.v1 import mailbox_pb2 as pb
+from service.gen.message_committer.v1 import mailbox_pb2_grpc
+
+Context = aio.ServicerContext[Any, Any]
+
+DEFAULT_HEARTBEAT_S = 15
+MAX_HEARTBEAT_S = 60
+LANE_REFRESH_S = 60.0
+"""How often a Subscribe stream looks again for the user's big-conversation lanes."""
+MAX_SUBSCRIBED_CONVERSATIONS = 10_000
+INDEX_PAGE = 1000
+
+
+@contextlib.contextmanager
+def store_errors() -> Iterator[None]:
+    """Store errors as the CommitError family (no backend text)."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise Unavailable("mailboxes are unavailable: backend error") from exc
+    except StoreError as exc:
+        raise Unavailable(f"mailboxes are unavailable ({type(exc).__name__})") from exc
+
+
+def cursor_from_proto(request: pb.SyncRequest) -> MailboxCursor:
+    if not request.HasField("cursor"):
+        return MailboxCursor()
+    c = request.cursor
+    return MailboxCursor(c.lane or lanes.INBOX, c.epoch, c.seq).validate()
+
+
+def page_to_proto(page: MailboxPage) -> pb.SyncResponse:
+    events = [
+        pb.MailboxEvent(
+            seq=e.seq,
+            group_id=e.group_id,
+            message_added=pb.MessageAdded(message=convert.record_to_proto(e.record)),
+            delivered_ts_ms=e.appended_ms,
+        )
+        for e in page.entries
+    ]
+    c = page.next_cursor
+    return pb.SyncResponse(
+        events=events,
+        next_cursor=pb.MailboxCursor(lane=c.lane, epoch=c.epoch, seq=c.seq),
+        more=page.more,
+        trim_watermark=page.trim_watermark,
+        head=page.head,
+    )
+
+
+def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
+    """A SyncResponse as the client sees it (the inverse of ``page_to_proto``)."""
+    c = msg.next_cursor
+    entries = tuple(
+        MailboxEntry(
+            e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
+        )
+        for e in msg.events
+    )
+    return MailboxPage(
+        lane=c.lane,
+        entries=entries,
+        next_cursor=MailboxCursor(c.lane, c.epoch, c.seq),
+        more=msg.more,
+        trim_watermark=msg.trim_watermark,
+        head=msg.head,
+    )
+
+
+def sync_request(
+    tenant: str, user: str, cursor: MailboxCursor, limit: int = 0, max_bytes: int = 0
+) -> pb.SyncRequest:
+    return pb.SyncRequest(
+        tenant=tenant,
+        user=user,
+        cursor=pb.MailboxCursor(lane=cursor.lane, epoch=cursor.epoch, seq=cursor.seq),
+        limit=limit,
+        max_bytes=max_bytes,
+    )
+
+
+class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
+    """Serves message_committer.v1.MailboxService over a backend's delivery ports."""
+
+    def __init__(
+        self,
+        delivery: DeliveryPorts,
+        membership: MembershipStore,
+        clock: Clock,
+        *,
+        poll_interval_s: float,
+        stopping: asyncio.Event,
+    ) -> None:
+        self._delivery = delivery
+        self._membership = membership
+        self._clock = clock
+        self._poll_s = poll_interval_s
+        self._stopping = stopping
+
+    async def _authorise(self, tenant: str, user: str, lane: str) -> Mailbox:
+        conversation = lanes.parse_lane(lane)
+        if conversation is None:
+            return Mailbox.inbox(tenant, user)
+        with store_errors():
+            admission = await self._membership.admission(tenant, conversation, user)
+        if admission is None:
+            raise ConversationNotFound("conversation not found")
+        if not admission.member:
+            raise NotAMember("the user is not a member of the conversation of this lane")
+        return Mailbox.conversation(tenant, conversation)
+
+    async def Sync(self, request: pb.SyncRequest, context: Context) -> pb.SyncResponse:
+        tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
+        cursor = cursor_from_proto(request)
+        limit, max_bytes = lanes.sync_limits(request.limit, request.max_bytes)
+        mailbox = await self._authorise(tenant, user, cursor.lane)
+        with store_errors():
+            page = await self._delivery.mailbox.sync(mailbox, cursor, limit, max_bytes)
+        return page_to_proto(page)
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: Context
+    ) -> AsyncIterator[pb.SubscribeResponse]:
+        tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
+        if request.heartbeat_seconds > MAX_HEARTBEAT_S:
+            raise InvalidRequest(f"heartbeat_seconds must be 1 to {MAX_HEARTBEAT_S} (0: 15)")
+        heartbeat_s = request.heartbeat_seconds or DEFAULT_HEARTBEAT_S
+        sent: dict[Mailbox, LaneState] = {}
+        mailboxes: list[Mailbox] = []
+        refreshed = beat = float("-inf")
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now - refreshed >= LANE_REFRESH_S:
+                mailboxes = [Mailbox.inbox(tenant, user), *await self._big_lanes(tenant, user)]
+                refreshed = now
+            with store_errors():
+                states = await self._delivery.mailbox.lane_state(mailboxes)
+            for mailbox, state in zip(mailboxes, states, strict=True):
+                if sent.get(mailbox) != state:
+                    sent[mailbox] = state
+                    hint = pb.MailboxHint(lane=mailbox.lane, epoch=state.epoch, seq=state.head)
+                    yield pb.SubscribeResponse(hint=hint)
+            if now - beat >= heartbeat_s:
+                beat = now
+                yield pb.SubscribeResponse(
+                    heartbeat=pb.Heartbeat(server_time_ms=self._clock.now_ms())
+                )
+            with contextlib.suppress(TimeoutError):
+                wait_s = min(self._poll_s, max(0.0, heartbeat_s - (time.monotonic() - beat)))
+                await asyncio.wait_for(self._stopping.wait(), wait_s)
+
+    async def _big_lanes(self, tenant: str, user: str) -> list[Mailbox]:
+        """The lanes of the big conversations ``user`` is a member of now."""
+        candidates: list[Mailbox] = []
+        after = ""
+        with store_errors():
+            while len(candidates) < MAX_SUBSCRIBED_CONVERSATIONS:
+                ids, after = await self._delivery.index.conversations(
+                    tenant, user, after, INDEX_PAGE
+                )
+                candidates += [Mailbox.conversation(tenant, c) for c in ids]
+                if not after:
+                    break
+            if not candidates:
+                return []
+            states = await self._delivery.mailbox.lane_state(candidates)
+            big = [m for m, s in zip(candidates, states, strict=True) if s.head or s.epoch > 1]
+            admitted = []
+            for mailbox in big:
+                admission = await self._membership.admission(tenant, mailbox.owner, user)
+                if admission is not None and admission.member:
+                    admitted.append(mailbox)
+        return admitted

@@ -1,0 +1,272 @@
+"""Mailboxes: lanes, epochs, cursors and Sync pages (DESIGN §10, seed 001).
+
+A *mailbox* is one append-only log owned by either a user (its lane is
+``"inbox"``: the messages of every conversation of that user that is small
+enough to fan out) or a big conversation (its lane is ``"conversation:<id>"``,
+shared by all its members). Addressed by ``Mailbox`` (tenant, kind, owner id),
+so a user and a conversation with the same id never share one.
+
+Each lane has an *epoch* (from 1) and a mailbox seq that is strictly
+increasing and has no gaps within an epoch: the relay allocates seqs and
+writes entries in one atomic step per mailbox. Entries come in *groups*:
+what one relay append wrote to one mailbox (its ``group_id`` is the seq of
+its first entry); a page never splits a group. Old entries are trimmed as a
+prefix, always at a group boundary: ``trim_watermark`` is the highest seq
+removed. A restore or a rebuild starts a new epoch (``new_epoch``), with the
+old entries gone.
+
+A cursor ``(lane, epoch, seq)`` continues only while ``epoch`` is the lane's
+epoch and ``trim_watermark <= seq <= head``. Otherwise Sync answers
+``CursorExpired`` (never an empty page): the client rebuilds and continues
+from ``(lane, epoch, trim_watermark)``. Epoch 0 with seq 0 means "from the
+start of whatever epoch the lane is in".
+
+Pure rules only; backends store and read (``service.domain.delivery``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from service.domain.errors import CursorExpired, InvalidRequest
+from service.domain.ids import check_id
+from service.domain.model import MessageRecord
+
+INBOX = "inbox"
+CONVERSATION_LANE_PREFIX = "conversation:"
+MAX_GROUP_ENTRIES = 1000
+"""Most entries one append (one group) may hold; the relay's batch is smaller."""
+ENTRY_OVERHEAD_BYTES = 24
+"""What an entry weighs on top of its record against a page's byte budget."""
+
+DEFAULT_SYNC_LIMIT = 100
+MAX_SYNC_LIMIT = 1000
+DEFAULT_SYNC_BYTES = 1 << 20
+MIN_SYNC_BYTES = 1024
+MAX_SYNC_BYTES = 4 << 20
+
+
+class OwnerKind(enum.StrEnum):
+    """Who owns a mailbox: a user (lane ``inbox``) or a big conversation."""
+
+    USER = "u"
+    CONVERSATION = "c"
+
+
+@dataclass(frozen=True, slots=True)
+class Mailbox:
+    """One mailbox: a tenant, an owner kind and the owner's id."""
+
+    tenant: str
+    kind: OwnerKind
+    owner: str
+
+    @classmethod
+    def inbox(cls, tenant: str, user: str) -> Mailbox:
+        return cls(tenant, OwnerKind.USER, user)
+
+    @classmethod
+    def conversation(cls, tenant: str, conversation: str) -> Mailbox:
+        return cls(tenant, OwnerKind.CONVERSATION, conversation)
+
+    @property
+    def lane(self) -> str:
+        """The lane name clients see."""
+        if self.kind is OwnerKind.USER:
+            return INBOX
+        return conversation_lane(self.owner)
+
+
+def conversation_lane(conversation: str) -> str:
+    return CONVERSATION_LANE_PREFIX + conversation
+
+
+def parse_lane(lane: str) -> str | None:
+    """The conversation of a ``conversation:<id>`` lane, None for ``inbox``;
+    InvalidRequest for anything else."""
+    if lane == INBOX:
+        return None
+    if lane.startswith(CONVERSATION_LANE_PREFIX):
+        return check_id("cursor.lane conversation", lane[len(CONVERSATION_LANE_PREFIX) :])
+    raise InvalidRequest('cursor.lane must be "inbox" or "conversation:<conversation id>"')
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxCursor:
+    """Where a client stands in one lane: the last seq it applied in ``epoch``."""
+
+    lane: str = INBOX
+    epoch: int = 0
+    seq: int = 0
+
+    def validate(self) -> MailboxCursor:
+        parse_lane(self.lane)
+        if self.epoch < 0 or self.seq < 0:
+            raise InvalidRequest("cursor epoch and seq must not be negative")
+        if self.epoch == 0 and self.seq != 0:
+            raise InvalidRequest("a cursor of epoch 0 (from the start) must have seq 0")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxItem:
+    """What the relay appends: one committed message (deduped by its id)."""
+
+    record: MessageRecord
+
+    @property
+    def message_id(self) -> str:
+        return self.record.message_id
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxEntry:
+    """One stored entry of a lane."""
+
+    seq: int
+    group_id: int
+    record: MessageRecord
+    appended_ms: int
+    """When the relay appended it (the backend's clock): commit-to-mailbox
+    latency is ``appended_ms - record.server_ts_ms``."""
+
+    def size_bytes(self) -> int:
+        return ENTRY_OVERHEAD_BYTES + self.record.size_bytes()
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """A lane's epoch, its last seq (``head``) and its trim watermark.
+
+    A lane nobody has written yet reads as epoch 1, head 0, watermark 0.
+    """
+
+    epoch: int = 1
+    head: int = 0
+    watermark: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRead:
+    """What a backend read for one Sync, atomically: the lane's state and the
+    entries after the requested seq, in seq order, in complete groups (at
+    least ``limit`` entries when the lane holds them, plus the rest of the
+    last group)."""
+
+    state: LaneState
+    entries: tuple[MailboxEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxPage:
+    """One Sync answer: complete groups after the cursor and the cursor to pass next."""
+
+    lane: str
+    entries: tuple[MailboxEntry, ...]
+    next_cursor: MailboxCursor
+    more: bool
+    trim_watermark: int
+    head: int
+
+
+def check_cursor(lane: str, cursor: MailboxCursor, state: LaneState) -> int:
+    """The seq to read after, or CursorExpired (see the module docs)."""
+    if cursor.epoch not in (0, state.epoch):
+        raise CursorExpired(lane, state.epoch, state.watermark, "the lane is in another epoch")
+    if cursor.seq < state.watermark:
+        raise CursorExpired(lane, state.epoch, state.watermark, "entries after it were trimmed")
+    if cursor.seq > state.head:
+        raise CursorExpired(
+            lane, state.epoch, state.watermark, "it is ahead of what the lane holds"
+        )
+    return cursor.seq
+
+
+def groups(entries: Iterable[MailboxEntry]) -> list[list[MailboxEntry]]:
+    """Consecutive entries with the same group id, in order."""
+    result: list[list[MailboxEntry]] = []
+    for entry in entries:
+        if result and result[-1][0].group_id == entry.group_id:
+            result[-1].append(entry)
+        else:
+            result.append([entry])
+    return result
+
+
+def build_page(
+    lane: str, cursor: MailboxCursor, read: LaneRead, limit: int, max_bytes: int
+) -> MailboxPage:
+    """The page for ``cursor`` from what the backend read.
+
+    Whole groups only, while both the count and the byte budget allow; at
+    least one group when there is one, even if it alone is over either.
+    """
+    after = check_cursor(lane, cursor, read.state)
+    taken: list[MailboxEntry] = []
+    used = 0
+    for group in groups(e for e in read.entries if e.seq > after):
+        size = sum(e.size_bytes() for e in group)
+        if taken and (len(taken) + len(group) > limit or used + size > max_bytes):
+            break
+        taken += group
+        used += size
+    last = taken[-1].seq if taken else after
+    return MailboxPage(
+        lane=lane,
+        entries=tuple(taken),
+        next_cursor=MailboxCursor(lane, read.state.epoch, last),
+        more=last < read.state.head,
+        trim_watermark=read.state.watermark,
+        head=read.state.head,
+    )
+
+
+def sync_limits(limit: int, max_bytes: int) -> tuple[int, int]:
+    """The wire's 0-means-default resolved, or InvalidRequest."""
+    limit = limit or DEFAULT_SYNC_LIMIT
+    max_bytes = max_bytes or DEFAULT_SYNC_BYTES
+    if not 1 <= limit <= MAX_SYNC_LIMIT:
+        raise InvalidRequest(f"limit must be 1 to {MAX_SYNC_LIMIT} (0: {DEFAULT_SYNC_LIMIT})")
+    if not MIN_SYNC_BYTES <= max_bytes <= MAX_SYNC_BYTES:
+        raise InvalidRequest(f"max_bytes must be {MIN_SYNC_BYTES} to {MAX_SYNC_BYTES} (0: 1 MiB)")
+    return limit, max_bytes
+
+
+def new_items(items: Sequence[MailboxItem], present: Iterable[str]) -> list[MailboxItem]:
+    """``items`` without those whose message id is in ``present`` or repeats an
+    earlier item: what an append adds (the dedupe that makes delivery exactly once)."""
+    seen = set(present)
+    fresh = []
+    for item in items:
+        if item.message_id not in seen:
+            seen.add(item.message_id)
+            fresh.append(item)
+    return fresh
+
+
+def trim_cut(
+    state: LaneState,
+    group_ends: Sequence[tuple[int, int]],
+    *,
+    now_ms: int,
+    retention_ms: int,
+    max_entries: int,
+) -> int:
+    """The new watermark retention asks for (>= ``state.watermark``).
+
+    ``group_ends`` are (last seq, appended ms) of the lane's groups above the
+    watermark, in seq order. Everything appended at or before ``now -
+    retention`` goes, and the oldest groups go until at most ``max_entries``
+    remain, but never the newest group for the count (a group bigger than the
+    bound is still delivered); a cut is always at the end of a group.
+    """
+    cut = state.watermark
+    for end, appended in group_ends:
+        too_old = appended <= now_ms - retention_ms
+        too_many = state.head - cut > max_entries and end < state.head
+        if not (too_old or too_many):
+            break
+        cut = end
+    return cut

@@ -1,0 +1,340 @@
+"""PartitionWork: one relay's work on one leased outbox partition (DESIGN §10).
+
+``step()`` does one durable step and says whether there was work:
+
+1. right after a lease with a new token (``R-RELAY-01``), and after a failed
+   batch, it reconciles: the oldest unsettled entries are read, each one's
+   target mailboxes are asked whether they hold its message; accepted
+   entries are confirmed, rejected ones written again, and when the check
+   fails (unknown) nothing is confirmed;
+2. otherwise it claims the next batch (``R-RELAY-02``), resolves each entry's
+   recipients from its frozen delivery and its record from history, writes
+   one group per target mailbox (``R-RELAY-03`` half-way, ``R-RELAY-04``
+   after the last write) and only then settles the batch as sent
+   (``R-RELAY-06`` after that).
+
+A failed write (or an unknown outcome) settles the batch as retryable with a
+backoff (``R-RELAY-05``); an entry that can never be delivered (its
+conversation or membership version is gone, its record left history, its
+data is corrupt), or failed ``max_attempts`` times, is dead-lettered. A
+fenced write or a lost lease ends the work at once: another relay holds the
+partition now. Everything here is stdlib-only; the runner (``service.relay``)
+owns the timing, the leases and the tasks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts
+from service.domain.errors import (
+    LeaseLost,
+    StoreCorrupt,
+    StoreError,
+    StoreFenced,
+    StoreInvalid,
+    StoreNotFound,
+)
+from service.domain.faults import FaultPoints, RelayPoint
+from service.domain.mailbox import Mailbox, MailboxItem
+from service.domain.model import MessageRecord, OutboxEntry
+from service.domain.ports import Clock, MembershipStore
+from service.domain.relay import (
+    DeadLetter,
+    EntryState,
+    Lease,
+    PartitionEntry,
+    RelayPolicy,
+    RetryMark,
+    Settlement,
+    Tracker,
+    Verdict,
+    verdict,
+)
+
+MAX_MEMBER_CALLS = 10_000
+TARGET_CACHE_SIZE = 10_000
+
+
+class RelayObserver(Protocol):
+    """Receives what the relay did; the service layer turns it into metrics."""
+
+    def on_delivered(
+        self, entries: int, added: int, duplicates: int, ages_ms: list[int]
+    ) -> None: ...
+    def on_retried(self, entries: int) -> None: ...
+    def on_dead_lettered(self, entries: int) -> None: ...
+    def on_reconciled(self, result: Verdict, entries: int) -> None: ...
+
+
+class NoObserver:
+    def on_delivered(self, entries: int, added: int, duplicates: int, ages_ms: list[int]) -> None:
+        pass
+
+    def on_retried(self, entries: int) -> None:
+        pass
+
+    def on_dead_lettered(self, entries: int) -> None:
+        pass
+
+    def on_reconciled(self, result: Verdict, entries: int) -> None:
+        pass
+
+
+class Undeliverable(Exception):
+    """One entry can never be delivered (a reason for its dead letter)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Where one entry goes and what it carries."""
+
+    held: PartitionEntry
+    record: MessageRecord
+    mailboxes: tuple[Mailbox, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one step found: ``worked`` false means the partition had nothing to do;
+    ``wait_ms`` asks the runner not to step again before then."""
+
+    worked: bool
+    wait_ms: int = 0
+
+
+class Targets:
+    """Who gets an entry: its frozen recipients' inboxes, or the conversation's own
+    lane when it has more members than the threshold (sticky once it has one)."""
+
+    def __init__(self, ports: DeliveryPorts, membership: MembershipStore, threshold: int) -> None:
+        self._ports = ports
+        self._membership = membership
+        self._threshold = threshold
+        self._cache: OrderedDict[tuple[str, str, int], tuple[Mailbox, ...]] = OrderedDict()
+
+    async def of(self, entry: OutboxEntry) -> tuple[Mailbox, ...]:
+        if entry.recipients is not None:  # release 1: recipients frozen inline
+            return await self._decide(entry.tenant, entry.conversation, list(entry.recipients))
+        key = (entry.tenant, entry.conversation, entry.membership_version)
+        found = self._cache.get(key)
+        if found is None:
+            members = await self._members(*key)
+            found = await self._decide(entry.tenant, entry.conversation, members)
+            self._cache[key] = found
+            if len(self._cache) > TARGET_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return found
+
+    async def _members(self, tenant: str, conversation: str, version: int) -> list[str]:
+        """The members at ``version``, or the first threshold + 1 of them."""
+        members: list[str] = []
+        after = ""
+        for _ in range(MAX_MEMBER_CALLS):
+            want = self._threshold + 1 - len(members)
+            page = await self._membership.members_at(tenant, conversation, version, after, want)
+            members += page.members
+            after = page.next_after
+            if not after or len(members) > self._threshold:
+                return members
+        raise StoreInvalid("the membership listing did not end")
+
+    async def _decide(
+        self, tenant: str, conversation: str, members: list[str]
+    ) -> tuple[Mailbox, ...]:
+        lane = Mailbox.conversation(tenant, conversation)
+        if len(set(members)) > self._threshold:
+            return (lane,)
+        (state,) = await self._ports.mailbox.lane_state([lane])
+        if state.head > 0 or state.epoch > 1:  # it was big once: it stays big
+            return (lane,)
+        return tuple(Mailbox.inbox(tenant, user) for user in sorted(set(members)))
+
+
+class PartitionWork:
+    """The relay's state for one held partition; the runner calls ``step``."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        ports: DeliveryPorts,
+        targets: Targets,
+        *,
+        policy: RelayPolicy,
+        clock: Clock,
+        faults: FaultPoints | None = None,
+        observer: RelayObserver | None = None,
+    ) -> None:
+        self.lease = lease
+        self._ports = ports
+        self._targets = targets
+        self._policy = policy
+        self._clock = clock
+        self._faults = faults or FaultPoints()
+        self._observer: RelayObserver = observer or NoObserver()
+        self._tracker = Tracker()
+        self.reconciling = True  # a relay never knows what an earlier holder left
+        self._not_before = 0
+        if lease.taken_over:
+            self._faults.check(RelayPoint.AFTER_TAKEOVER)
+
+    def renewed(self, lease: Lease) -> None:
+        """The runner renewed the lease (same token)."""
+        if lease.token != self.lease.token:
+            raise LeaseLost("the lease was renewed under another token")
+        self.lease = lease
+
+    async def step(self) -> StepResult:
+        now = self._clock.now_ms()
+        if now < self._not_before:
+            return StepResult(False, self._not_before - now)
+        partitions = self._ports.partitions
+        if self.reconciling:
+            held = await partitions.unsettled(self.lease, self._policy.batch)
+            if not held:
+                self.reconciling = False
+                return StepResult(True)
+            for h in held:
+                self._tracker.states[h.position] = (
+                    EntryState.RETRYABLE if h.attempts else EntryState.SENDING
+                )
+            self._tracker.move([h.position for h in held if h.attempts], EntryState.SENDING)
+            await self._run(held, reconcile=True)
+            return StepResult(True)
+        held = await partitions.claim(self.lease, self._policy.batch)
+        if not held:
+            return StepResult(False)
+        self._tracker.move([h.position for h in held], EntryState.SENDING)
+        self._faults.check(RelayPoint.AFTER_CLAIM)
+        await self._run(held, reconcile=False)
+        return StepResult(True)
+
+    # --- one batch -------------------------------------------------------------
+
+    async def _run(self, held: list[PartitionEntry], *, reconcile: bool) -> None:
+        try:
+            plans, dead = await self._prepare(held)
+            if reconcile:
+                plans = await self._reconcile(plans)
+            added, duplicates = await self._write(plans)
+        except (LeaseLost, StoreFenced):
+            raise
+        except StoreError as exc:  # unavailable, or an unknown outcome: never success
+            await self._fail(held, type(exc).__name__)
+            return
+        gone = {d.entry.publication.position for d in dead}
+        sent = tuple(h.position for h in held if h.position not in gone)
+        await self._settle(Settlement(sent=sent, dead=tuple(dead)))
+        now = self._clock.now_ms()
+        ages = [now - p.held.entry.published_ms for p in plans if p.held.entry.published_ms]
+        self._observer.on_delivered(len(sent), added, duplicates, ages)
+        if dead:
+            self._observer.on_dead_lettered(len(dead))
+
+    async def _prepare(self, held: list[PartitionEntry]) -> tuple[list[Plan], list[DeadLetter]]:
+        """Each entry's record and target mailboxes; the undeliverable ones as dead letters."""
+        by_conversation: defaultdict[tuple[str, str], list[PartitionEntry]] = defaultdict(list)
+        for h in held:
+            by_conversation[(h.entry.tenant, h.entry.conversation)].append(h)
+        plans: list[Plan] = []
+        dead: list[DeadLetter] = []
+        for (tenant, conversation), entries in by_conversation.items():
+            records = await self._ports.records.records(
+                tenant, conversation, sorted({h.entry.seq for h in entries})
+            )
+            for h in entries:
+                try:
+                    plans.append(await self._plan(h, records.get(h.entry.seq)))
+                except (Undeliverable, StoreNotFound, StoreInvalid, StoreCorrupt) as exc:
+                    problem = str(exc) if isinstance(exc, Undeliverable) else type(exc).__name__
+                    dead.append(DeadLetter(h.entry, problem, h.attempts + 1))
+        return plans, dead
+
+    async def _plan(self, held: PartitionEntry, record: MessageRecord | None) -> Plan:
+        entry = held.entry
+        if record is None:
+            raise Undeliverable("the record is no longer in history")
+        if record.message_id != entry.message_id:
+            raise Undeliverable("history holds another message at this seq")
+        return Plan(held, record, await self._targets.of(entry))
+
+    async def _reconcile(self, plans: list[Plan]) -> list[Plan]:
+        """Which unsettled entries' writes all happened (confirmed) and which not
+        (returned: to write again). A failed check raises: unknown, never success."""
+        wanted: defaultdict[Mailbox, list[str]] = defaultdict(list)
+        for plan in plans:
+            for mailbox in plan.mailboxes:
+                wanted[mailbox].append(plan.record.message_id)
+        queries = [(m, tuple(ids)) for m, ids in wanted.items()]
+        try:
+            found = await self._ports.mailbox.contains(queries)
+        except StoreError:
+            self._observer.on_reconciled(Verdict.UNKNOWN, len(plans))
+            raise
+        holding: defaultdict[str, set[Mailbox]] = defaultdict(set)
+        for (mailbox, _), present in zip(queries, found, strict=True):
+            for message_id in present:
+                holding[message_id].add(mailbox)
+        rejected = []
+        for plan in plans:
+            result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
+            self._observer.on_reconciled(result, 1)
+            if result is Verdict.REJECTED:
+                rejected.append(plan)
+        return rejected
+
+    async def _write(self, plans: Sequence[Plan]) -> tuple[int, int]:
+        """One group per target mailbox, a conversation's messages in seq order."""
+        items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
+        for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
+            for mailbox in plan.mailboxes:
+                items[mailbox].append(MailboxItem(plan.record))
+        requests = [AppendRequest(m, tuple(i)) for m, i in items.items()]
+        half = len(requests) // 2
+        outcomes = await self._append(requests[:half])
+        self._faults.check(RelayPoint.MID_FANOUT)
+        outcomes += await self._append(requests[half:])
+        self._faults.check(RelayPoint.AFTER_FANOUT)
+        return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes)
+
+    async def _append(self, requests: list[AppendRequest]) -> list[AppendOutcome]:
+        if not requests:
+            return []
+        outcomes = await self._ports.mailbox.append(requests, self.lease.fence)
+        if any(o.fenced for o in outcomes):
+            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
+        return outcomes
+
+    async def _fail(self, held: list[PartitionEntry], problem: str) -> None:
+        now = self._clock.now_ms()
+        marks, dead = [], []
+        for h in held:
+            attempts = h.attempts + 1
+            if attempts >= self._policy.max_attempts:
+                dead.append(DeadLetter(h.entry, f"failed {attempts} times: {problem}", attempts))
+            else:
+                due = now + self._policy.retry_delay_ms(attempts)
+                marks.append(RetryMark(h.position, attempts, due, problem))
+        await self._settle(Settlement(retry=tuple(marks), dead=tuple(dead)))
+        self._observer.on_retried(len(marks))
+        if dead:
+            self._observer.on_dead_lettered(len(dead))
+        self._faults.check(RelayPoint.AFTER_RETRY_MARK)
+        self.reconciling = True
+        self._not_before = min((m.due_ms for m in marks), default=now)
+
+    async def _settle(self, settlement: Settlement) -> None:
+        if settlement.empty:
+            return
+        tracker = Tracker(dict(self._tracker.states))  # check every move before any is made
+        tracker.move(settlement.sent, EntryState.SENT)
+        tracker.move([m.position for m in settlement.retry], EntryState.RETRYABLE)
+        tracker.move(
+            [d.entry.publication.position for d in settlement.dead], EntryState.DEAD_LETTER
+        )
+        await self._ports.partitions.settle(self.lease, settlement)
+        self._tracker = tracker
+        self._faults.check(RelayPoint.SETTLE_SENT_UNACKED)

@@ -1,0 +1,39 @@
+"""Smoke test of ``message-committer bench-delivery --quick``: it completes on memory and
+on Redis (the relay as a subprocess) and writes well-formed figures.
+
+Figures are not asserted beyond their shape (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolkit.bench.delivery import main
+
+NUMBERS = ("p50_ms", "p99_ms", "fanout_s", "entries_per_s", "messages_per_s")
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_bench_delivery_quick_writes_every_figure(
+    backend: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> None:
+    out = tmp_path / "delivery.json"
+    args = ["--backend", backend, "--quick", "--members", "4,64", "--json", str(out)]
+    if backend == "redis":
+        args += ["--redis-url", str(request.getfixturevalue("redis_url"))]
+    assert main(args) == 0
+    figures = json.loads(out.read_text())
+    assert [(f["backend"], f["members"]) for f in figures] == [(backend, 4), (backend, 64)]
+    for f in figures:
+        assert f["entries"] == f["messages"] * f["members"]
+        for name in NUMBERS:
+            assert isinstance(f[name], int | float) and f[name] >= 0, name
+        assert f["p99_ms"] >= f["p50_ms"]
+    printed = capsys.readouterr().out
+    assert "entries/s" in printed and backend in printed

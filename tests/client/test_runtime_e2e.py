@@ -1,0 +1,230 @@
+"""The client runtime's main guarantees end to end, unchanged on every deployment
+(``tests/client/deployments.py``): memory (in-process replica, restarted on a
+surviving state) and Redis (real ``serve`` processes, SIGKILLed)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from client import (
+    ClientCrash,
+    ClientPoint,
+    CursorExpired,
+    LocalStoreReset,
+    MessagesAdded,
+    RebuildFinished,
+    RebuildStarted,
+    SendConfirmed,
+)
+from tests.client.deployments import Deployment, MemoryDeployment, ProcessDeployment, create
+from tests.client.support import Client, eventually, history
+from tests.servers.redis_server import initialise_prefix
+from tests.support import unique
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("scylla", marks=pytest.mark.scylla),
+    ]
+)
+async def deployment(request: pytest.FixtureRequest) -> AsyncIterator[Deployment]:
+    marker = request.node.get_closest_marker("server")
+    overrides = marker.kwargs if marker else {}
+    d: Deployment
+    if request.param == "memory":
+        d = MemoryDeployment(**overrides)
+    elif request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = unique("mcc")
+        await initialise_prefix(url, prefix)
+        env = {"MC_REDIS_URL": url, "MC_REDIS_PREFIX": prefix}
+        d = ProcessDeployment("redis", ["--backend", "redis"], env, **overrides)
+    else:
+        host, port = request.getfixturevalue("cql_contact")
+        keyspace = request.getfixturevalue("cql_keyspace")
+        env = {
+            "MC_SCYLLA_CONTACT_POINTS": host,
+            "MC_SCYLLA_PORT": str(port),
+            "MC_SCYLLA_KEYSPACE": keyspace,
+        }
+        d = ProcessDeployment("scylla", ["--backend", "scylla"], env, **overrides)
+    await d.start()
+    await create(d, "general", ["alice", "bob"])
+    await create(d, "side", ["alice", "bob"])
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+@pytest.fixture
+async def pair(deployment: Deployment, tmp_path: Path) -> AsyncIterator[tuple[Client, Client]]:
+    t = deployment.tenant
+    alice = Client("alice", tmp_path / "alice.db", lambda: deployment.target, tenant=t)
+    bob = Client("bob", tmp_path / "bob.db", lambda: deployment.target, tenant=t)
+    yield alice, bob
+    await alice.crash()
+    await bob.crash()
+
+
+async def no_pending(client: Client) -> bool:
+    return not await client.rt.store.pending()
+
+
+async def count(client: Client, n: int, conversation: str = "general") -> bool:
+    return len(await client.rt.store.messages(conversation, limit=10_000)) >= n
+
+
+def confirmations(client: Client, cmid: str) -> list[SendConfirmed]:
+    return [e for e in client.events if isinstance(e, SendConfirmed) and e.cmid == cmid]
+
+
+async def has_confirmation(client: Client, cmid: str) -> bool:
+    return bool(confirmations(client, cmid))
+
+
+async def crashed(client: Client) -> bool:
+    return client.rt.crash is not None
+
+
+async def test_a_lost_ack_with_the_server_killed_is_reconciled_by_cmid(
+    deployment: Deployment, pair: tuple[Client, Client]
+) -> None:
+    """The server commits and answers, alice dies before she sees the ACK, the
+    server is killed. After both restart, alice finds her send by its cmid:
+    exactly one message, at the coordinates the server gave it."""
+    alice, bob = pair
+    await alice.start()
+    await bob.start()
+    await alice.online()
+    await deployment.hold_delivery()  # only reconciliation can confirm it
+    alice.faults.arm(ClientPoint.SENT_BEFORE_ACK)
+    cmid = await alice.send("general", "did my message make it?")
+    await eventually(lambda: crashed(alice))
+    await alice.crash()
+    await deployment.kill()
+    await deployment.start()
+    [committed] = await history(deployment.target, "general", "alice", deployment.tenant)
+    assert committed.cmid == cmid
+
+    await alice.start()
+    await eventually(lambda: has_confirmation(alice, cmid))
+    [event] = confirmations(alice, cmid)
+    assert event.via == "resume"
+    assert (event.message.seq, event.message.message_id) == (committed.seq, committed.message_id)
+    assert [m.record for m in await alice.rt.store.messages("general")] == [committed]
+
+    await deployment.release_delivery()
+    await eventually(lambda: count(bob, 1), 30)
+    await eventually(lambda: _inbox_at(alice, 1), 30)
+    assert await history(deployment.target, "general", "bob", deployment.tenant) == [committed]
+    assert alice.added_ids() == [committed.message_id]  # the mailbox copy was deduped
+    assert bob.added_ids() == [committed.message_id]
+    assert len(confirmations(alice, cmid)) == 1
+
+
+async def _inbox_at(client: Client, seq: int) -> bool:
+    cursor = await client.rt.store.cursor("inbox")
+    return cursor is not None and cursor.seq >= seq
+
+
+async def test_bob_offline_during_100_sends_syncs_each_exactly_once_in_order(
+    deployment: Deployment, pair: tuple[Client, Client]
+) -> None:
+    alice, bob = pair
+    await bob.start()
+    await bob.online()
+    await bob.crash()
+    await alice.start()
+    await alice.online()
+    cmids = [await alice.send("general", f"message {i}", cmid=f"m-{i:03}") for i in range(100)]
+    await eventually(lambda: no_pending(alice), 120)
+    await bob.start()
+    await eventually(lambda: count(bob, 100), 120)
+    stored = await bob.rt.store.messages("general", limit=1000)
+    assert [m.record.cmid for m in stored] == cmids
+    assert [m.record for m in stored] == await history(
+        deployment.target, "general", "bob", deployment.tenant
+    )
+    added = [m for e in bob.events if isinstance(e, MessagesAdded) for m in e.messages]
+    assert [m.record.cmid for m in added] == cmids  # once each, in order
+
+
+@pytest.mark.server(mailbox_max_entries=10)
+async def test_a_trimmed_mailbox_rebuilds_with_nothing_lost_or_duplicated_and_pending_kept(
+    deployment: Deployment, pair: tuple[Client, Client]
+) -> None:
+    alice, bob = pair
+    await alice.start()
+    await bob.start()
+    for i in range(5):
+        await alice.send("general", f"early {i}")
+    await eventually(lambda: count(bob, 5), 30)
+    bob.faults.arm(ClientPoint.AFTER_PERSIST)
+    with pytest.raises(ClientCrash):
+        await bob.send("side", "written while offline", cmid="bob-pending")
+    await bob.crash()
+    for i in range(30):
+        await alice.send("general" if i % 3 else "side", f"late {i}")
+    await eventually(lambda: no_pending(alice), 60)
+
+    await bob.start()
+    await eventually(lambda: no_pending(bob), 60)
+    await eventually(lambda: _mirrors_server(deployment, bob), 60)
+    kinds = [type(e) for e in bob.events]
+    assert kinds.index(CursorExpired) < kinds.index(RebuildStarted) < kinds.index(RebuildFinished)
+    [sent] = confirmations(bob, "bob-pending")
+    assert bob.events.index(sent) > kinds.index(RebuildFinished)  # kept through the rebuild
+    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
+    side = await history(deployment.target, "side", "bob", deployment.tenant)
+    assert [r.cmid for r in side if r.sender == "bob"] == ["bob-pending"]
+
+
+async def _mirrors_server(deployment: Deployment, client: Client) -> bool:
+    for conversation in ("general", "side"):
+        server = await history(deployment.target, conversation, client.user, deployment.tenant)
+        local = await client.rt.store.messages(conversation, limit=1000)
+        if [m.record for m in local] != server:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("damage", ["newer", "corrupt"])
+async def test_a_corrupt_or_newer_local_schema_resets_with_pending_kept(
+    deployment: Deployment, pair: tuple[Client, Client], damage: str
+) -> None:
+    alice, bob = pair
+    await alice.start()
+    await bob.start()
+    for i in range(3):
+        await alice.send("general", f"before {i}")
+    await eventually(lambda: count(bob, 3), 30)
+    bob.faults.arm(ClientPoint.AFTER_PERSIST)
+    with pytest.raises(ClientCrash):
+        await bob.send("general", "kept across the reset", cmid="bob-keep")
+    await bob.crash()
+    db = sqlite3.connect(bob.path)
+    if damage == "newer":
+        db.execute("PRAGMA user_version = 99")
+    else:  # a table that lost a column this runtime needs
+        db.execute("ALTER TABLE messages DROP COLUMN origin")
+    db.close()
+
+    bob.events.clear()
+    await bob.start()
+    await eventually(lambda: has_confirmation(bob, "bob-keep"), 30)
+    assert isinstance(bob.events[0], LocalStoreReset)
+    assert bob.events[0].kept_pending == 1
+    await eventually(lambda: _mirrors_server(deployment, bob), 30)
+    server = await history(deployment.target, "general", "bob", deployment.tenant)
+    assert [r.cmid for r in server].count("bob-keep") == 1
+    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1

@@ -1,0 +1,294 @@
+"""The client runtime end to end over a real in-process server (memory backend,
+its relay inside), killed and restarted on a state that outlives it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from client import (
+    AlreadyConnected,
+    ClientCrash,
+    ClientPoint,
+    ClientRuntime,
+    ConnectionState,
+    ConnectRequest,
+    ConnectRequired,
+    CursorExpired,
+    ExpiredCursor,
+    GrpcConnector,
+    InvalidArgument,
+    MailboxCursor,
+    MailboxPage,
+    MemberPageRequest,
+    MessagesAdded,
+    Origin,
+    RebuildStarted,
+    SendConfirmed,
+    SendMessage,
+    open_local_store,
+)
+from service.domain.faults import FaultPoint, RelayPoint
+from service.domain.model import AuthenticatedSend, HistoryQuery, MessageContent, MessageType
+from tests.client.conftest import NewClient
+from tests.client.support import (
+    FAST,
+    TENANT,
+    Client,
+    MemoryServers,
+    admin,
+    eventually,
+    history,
+    text,
+)
+from toolkit.campaign.faulty import CallFault
+
+pytestmark = pytest.mark.e2e
+
+
+async def confirmed(client: Client, cmid: str) -> list[SendConfirmed]:
+    """The SendConfirmed events of ``cmid`` once there is one (and a moment more,
+    so that a second one would be seen too)."""
+
+    def found() -> list[SendConfirmed]:
+        return [e for e in client.events if isinstance(e, SendConfirmed) and e.cmid == cmid]
+
+    async def some() -> bool:
+        return bool(found())
+
+    await eventually(some)
+    await asyncio.sleep(0.05)
+    return found()
+
+
+async def no_pending(client: Client) -> bool:
+    return not await client.rt.store.pending()
+
+
+async def test_network_commands_before_connect_raise_connect_required(
+    servers: MemoryServers, tmp_path: Path
+) -> None:
+    store = await open_local_store(tmp_path / "x.db")
+    runtime = ClientRuntime(store, GrpcConnector(servers.target), config=FAST)
+    page = MailboxPage("inbox", (), MailboxCursor("inbox", 1, 0))
+    calls = [
+        runtime.send_message(SendMessage("general", text("hi"))),
+        runtime.pull_history(HistoryQuery("", "general", "")),
+        runtime.pull_members(MemberPageRequest("general")),
+        runtime.apply_mailbox_batch(page),
+        runtime.begin_rebuild(ExpiredCursor("inbox", 1, 0)),
+        runtime.finish_rebuild(MailboxCursor("inbox", 1, 0)),
+    ]
+    for call in calls:
+        with pytest.raises(ConnectRequired):
+            await call
+    assert await store.pending() == []
+    assert runtime.state is ConnectionState.DISCONNECTED
+    with pytest.raises(InvalidArgument):
+        await runtime.connect(ConnectRequest("acme", "", "phone"))
+    await runtime.connect(ConnectRequest(TENANT, "alice", "phone"))
+    with pytest.raises(AlreadyConnected):
+        await runtime.connect(ConnectRequest(TENANT, "alice", "phone"))
+    await runtime.close()
+
+
+async def test_send_and_receive_keep_message_type_and_custom_type(new_client: NewClient) -> None:
+    alice, bob = new_client("alice"), new_client("bob")
+    await alice.start()
+    await bob.start()
+    await alice.online()
+    poll = MessageContent(MessageType.CUSTOM, b'{"q": "lunch?"}', custom_type="poll")
+    image = MessageContent(MessageType.IMAGE, b"\x89PNG...")
+    for content in (poll, image):
+        await alice.rt.send_message(SendMessage("general", content))
+    await eventually(lambda: no_pending(alice))
+    await eventually(lambda: _count(bob, 2))
+    for who, origin in ((alice, Origin.OWN), (bob, Origin.MAILBOX)):
+        stored = await who.rt.store.messages("general")
+        assert [m.record.content for m in stored] == [poll, image]
+        assert {m.origin for m in stored} == {origin}
+    added = [e for e in bob.events if isinstance(e, MessagesAdded)]
+    assert [m.record.content.custom_type for e in added for m in e.messages] == ["poll", ""]
+    assert Counter(bob.added_ids()) == Counter(m.message_id for m in stored)
+
+
+async def _count(client: Client, n: int, conversation: str = "general") -> bool:
+    return len(await client.rt.store.messages(conversation, limit=10_000)) >= n
+
+
+async def test_a_send_persisted_before_a_crash_goes_out_once_after_the_restart(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    alice = new_client("alice")
+    await alice.start()
+    await alice.online()
+    alice.faults.arm(ClientPoint.AFTER_PERSIST)
+    with pytest.raises(ClientCrash):
+        await alice.send("general", "written before the crash", cmid="a-1")
+    assert alice.rt.state is not ConnectionState.ONLINE or alice.rt.crash is not None
+    await alice.crash()
+    assert await history(servers.target, "general", "alice") == []
+    store = await open_local_store(alice.path)
+    assert [p.cmid for p in await store.pending()] == ["a-1"]
+    assert (await store.pending())[0].attempts == 0
+    await store.close()
+    await alice.start()
+    await eventually(lambda: no_pending(alice))
+    records = await history(servers.target, "general", "alice")
+    assert [(r.cmid, r.content.body) for r in records] == [("a-1", b"written before the crash")]
+    assert len(await confirmed(alice, "a-1")) == 1
+
+
+async def test_ack_lost_with_the_server_killed_is_reconciled_by_cmid_after_both_restart(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    """The server commits and dies before answering; alice dies too. After both
+    restart, ResumeExisting finds the send by its cmid: one message, the same
+    coordinates, no second commit. (The relay is held off, so only
+    reconciliation can confirm it; once it runs, the mailbox copy is deduped.)"""
+    slow = replace(FAST, reconnect_initial_s=5.0, reconnect_max_s=5.0)
+    alice, bob = new_client("alice", config=slow), new_client("bob")
+    await alice.start()
+    await bob.start()
+    await alice.online()
+    servers.faults.arm(RelayPoint.AFTER_CLAIM, times=1_000_000)  # no deliveries for now
+    servers.faults.arm(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
+    await alice.send("general", "did you get this?", cmid="lost-ack")
+    await eventually(lambda: _left_online(alice))
+    assert servers.faults.fired[FaultPoint.AFTER_COMMIT_BEFORE_ACK] == 1
+    await servers.kill()
+    await alice.crash()
+    await servers.start()
+    [committed] = await history(servers.target, "general", "alice")
+    assert committed.cmid == "lost-ack"
+
+    alice.config = FAST
+    await alice.start()
+    await eventually(lambda: no_pending(alice))
+    [event] = await confirmed(alice, "lost-ack")
+    assert event.via == "resume"
+    assert (event.message.seq, event.message.message_id) == (committed.seq, committed.message_id)
+    [mine] = await alice.rt.store.messages("general")
+    assert mine.record == committed
+
+    servers.faults.disarm_all()
+    await servers.restart()
+    await eventually(lambda: _count(bob, 1))
+    await eventually(lambda: _cursor_at(alice, 1))
+    assert [r.cmid for r in await history(servers.target, "general", "bob")] == ["lost-ack"]
+    assert alice.added_ids() == [committed.message_id]
+    assert bob.added_ids() == [committed.message_id]
+
+
+async def _left_online(client: Client) -> bool:
+    return client.rt.state is ConnectionState.DISCONNECTED
+
+
+async def _cursor_at(client: Client, seq: int) -> bool:
+    cursor = await client.rt.store.cursor("inbox")
+    return cursor is not None and cursor.seq >= seq
+
+
+async def test_a_send_counted_but_never_sent_is_not_found_and_resent_with_the_same_id(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    alice = new_client("alice")
+    await alice.start()
+    await alice.online()
+    alice.faults.arm(ClientPoint.ATTEMPT_BEFORE_SEND)
+    cmid = await alice.send("general", "second time lucky")
+    await eventually(lambda: _crashed(alice))
+    await alice.crash()
+    await alice.start()
+    await eventually(lambda: no_pending(alice))
+    [record] = await history(servers.target, "general", "alice")
+    assert record.cmid == cmid and record.content.body == b"second time lucky"
+    [event] = await confirmed(alice, cmid)
+    assert event.via == "ack" and event.message.seq == record.seq
+
+
+async def _has(client: Client, kind: type) -> bool:
+    return any(isinstance(e, kind) for e in client.events)
+
+
+async def _crashed(client: Client) -> bool:
+    return client.rt.crash is not None
+
+
+async def test_a_commit_the_server_could_not_finish_is_retried_with_the_same_id(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    alice = new_client("alice")
+    await alice.start()
+    await alice.online()
+    assert servers.store is not None
+    servers.store.inject("reserve", CallFault.FAIL)
+    cmid = await alice.send("general", "after a backend hiccup")
+    await eventually(lambda: no_pending(alice))
+    [record] = await history(servers.target, "general", "alice")
+    assert record.cmid == cmid
+    [event] = await confirmed(alice, cmid)
+    assert event.via == "ack" and event.message.seq == record.seq
+    assert servers.store.faults.fired[("reserve", CallFault.FAIL)] == 1
+
+
+@pytest.mark.server(idempotency_window=0.5, history_retention=3600.0)
+async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    """The server has forgotten the key (its window passed); ResumeExisting says
+    "not found" and a resend would commit a second message. The runtime looks in
+    the conversation's history first and finds its own message."""
+    slow = replace(FAST, reconnect_initial_s=5.0, reconnect_max_s=5.0)
+    alice = new_client("alice", config=slow)
+    await alice.start()
+    await alice.online()
+    servers.faults.arm(RelayPoint.AFTER_CLAIM, times=1_000_000)
+    servers.faults.arm(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
+    await alice.send("general", "long ago", cmid="old-send")
+    await eventually(lambda: _left_online(alice))
+    await alice.crash()
+    await asyncio.sleep(1.0)
+    send = AuthenticatedSend(TENANT, "alice", "phone", "general", "old-send", text("long ago"))
+    async with await admin(servers.target) as c:
+        assert await c.resume_existing(send) is None
+    alice.config = replace(FAST, history_check_after_s=0.0)
+    await alice.start()
+    await eventually(lambda: no_pending(alice))
+    [event] = await confirmed(alice, "old-send")
+    assert event.via == "history"
+    assert [r.cmid for r in await history(servers.target, "general", "alice")] == ["old-send"]
+
+
+@pytest.mark.server(fanout_threshold=2, mailbox_max_entries=6)
+async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    async with await admin(servers.target) as c:
+        await c.create_conversation(TENANT, "big", ["alice", "bob", "carol"])
+    alice, bob = new_client("alice"), new_client("bob")
+    await alice.start()
+    for i in range(3):
+        await alice.send("big", f"to many {i}")
+    await eventually(lambda: no_pending(alice))
+    await bob.start()
+    await eventually(lambda: _count(bob, 3, "big"))
+    lanes = {c.lane for c in await bob.rt.store.cursors()}
+    assert "conversation:big" in lanes
+    await bob.crash()
+    for i in range(10):
+        await alice.send("big", f"while bob is away {i}")
+    await eventually(lambda: no_pending(alice))
+    await bob.start()
+    await eventually(lambda: _count(bob, 13, "big"), 30)
+    [expired] = [e for e in bob.events if isinstance(e, CursorExpired)]
+    assert expired.lane == "conversation:big"
+    [started] = [e for e in bob.events if isinstance(e, RebuildStarted)]
+    assert started.plan.conversations == ("big",)
+    local = [m.record for m in await bob.rt.store.messages("big", limit=100)]
+    assert local == await history(servers.target, "big", "bob")
+    assert Counter(bob.added_ids()).most_common(1)[0][1] == 1

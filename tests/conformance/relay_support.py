@@ -1,0 +1,136 @@
+"""Helpers of the relay section of the conformance suite: drive a relay step by step,
+read mailboxes back, make a mailbox fail on demand, record what the relay saw."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts, MailboxStore
+from service.domain.errors import StoreUnavailable
+from service.domain.faults import FaultPoints
+from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
+from service.domain.ports import Backend, ManualClock
+from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
+from service.domain.relay_worker import PartitionWork, Targets
+
+POLICY = RelayPolicy(batch=50, lease_ms=10_000, fanout_threshold=1000, max_attempts=4)
+MAX_STEPS = 500
+
+
+@dataclass
+class Seen:
+    """A RelayObserver that keeps counts."""
+
+    delivered: int = 0
+    added: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead: int = 0
+    verdicts: Counter[Verdict] = field(default_factory=Counter)
+
+    def on_delivered(self, entries: int, added: int, duplicates: int, ages_ms: list[int]) -> None:
+        self.delivered += entries
+        self.added += added
+        self.duplicates += duplicates
+
+    def on_retried(self, entries: int) -> None:
+        self.retried += entries
+
+    def on_dead_lettered(self, entries: int) -> None:
+        self.dead += entries
+
+    def on_reconciled(self, result: Verdict, entries: int) -> None:
+        self.verdicts[result] += entries
+
+
+def ports(backend: Backend) -> DeliveryPorts:
+    assert backend.delivery is not None
+    return backend.delivery
+
+
+async def drain(
+    backend: Backend,
+    owner: str,
+    clock: ManualClock,
+    *,
+    policy: RelayPolicy = POLICY,
+    faults: FaultPoints | None = None,
+    seen: Seen | None = None,
+    delivery: DeliveryPorts | None = None,
+) -> dict[str, Lease]:
+    """One relay takes every partition and works each until it is idle."""
+    d = delivery or ports(backend)
+    targets = Targets(d, backend.membership, policy.fanout_threshold)
+    leases = {}
+    for partition in d.partitions.partitions():
+        lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
+        assert lease is not None, f"{partition} is held by another relay"
+        work = PartitionWork(
+            lease, d, targets, policy=policy, clock=clock, faults=faults, observer=seen
+        )
+        for _ in range(MAX_STEPS):
+            result = await work.step()
+            if result.wait_ms:
+                clock.advance(result.wait_ms)
+            elif not result.worked and not work.reconciling:
+                break
+        else:
+            raise AssertionError("the partition did not drain")
+        leases[partition] = work.lease
+    return leases
+
+
+async def inbox(backend: Backend, mailbox: Mailbox) -> list[tuple[str, int]]:
+    """(conversation, seq) of every entry of a lane, in lane order, through Sync pages."""
+    d = ports(backend)
+    found: list[tuple[str, int]] = []
+    cursor = MailboxCursor(mailbox.lane)
+    for _ in range(10_000):
+        page = await d.mailbox.sync(mailbox, cursor, 7, 1 << 20)
+        found += [(e.record.conversation, e.record.seq) for e in page.entries]
+        cursor = page.next_cursor
+        if not page.more:
+            return found
+    raise AssertionError("the lane did not end")
+
+
+class FlakyMailbox(MailboxStore):
+    """A real mailbox store whose appends fail (StoreUnavailable, nothing written)
+    the next ``fail_appends`` times, and whose checks fail ``fail_checks`` times."""
+
+    def __init__(self, inner: MailboxStore, fail_appends: int = 0, fail_checks: int = 0) -> None:
+        self.inner = inner
+        self.fail_appends = fail_appends
+        self.fail_checks = fail_checks
+
+    async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        if self.fail_appends > 0:
+            self.fail_appends -= 1
+            raise StoreUnavailable("injected: the mailbox store did not answer")
+        return await self.inner.append(requests, fence)
+
+    async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
+        return await self.inner._read(mailbox, after_seq, limit)
+
+    async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
+        return await self.inner.lane_state(mailboxes)
+
+    async def contains(
+        self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
+    ) -> list[frozenset[str]]:
+        if self.fail_checks > 0:
+            self.fail_checks -= 1
+            raise StoreUnavailable("injected: the mailbox store did not answer")
+        return await self.inner.contains(queries)
+
+    async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
+        return await self.inner.trim(mailbox, through_seq)
+
+    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
+        return await self.inner.new_epoch(mailbox)
+
+
+def with_mailbox(backend: Backend, mailbox: MailboxStore) -> DeliveryPorts:
+    return replace(ports(backend), mailbox=mailbox)

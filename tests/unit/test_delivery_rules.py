@@ -1,0 +1,179 @@
+"""The pure delivery rules: the relay's state machine, verdicts and backoff; mailbox
+cursors, pages of whole groups, trims at group boundaries, dedupe."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from service.domain.errors import CursorExpired, IllegalTransition, InvalidRequest
+from service.domain.mailbox import (
+    LaneRead,
+    LaneState,
+    Mailbox,
+    MailboxCursor,
+    MailboxEntry,
+    MailboxItem,
+    build_page,
+    check_cursor,
+    new_items,
+    parse_lane,
+    sync_limits,
+    trim_cut,
+)
+from service.domain.model import MessageRecord
+from service.domain.relay import (
+    TRANSITIONS,
+    EntryState,
+    RelayPolicy,
+    Tracker,
+    Verdict,
+    transition,
+    verdict,
+)
+from tests.support import text
+
+S = EntryState
+LEGAL = {
+    (S.PENDING, S.SENDING),
+    (S.PENDING, S.RETRYABLE),
+    (S.RETRYABLE, S.SENDING),
+    (S.SENDING, S.SENT),
+    (S.SENDING, S.RETRYABLE),
+    (S.SENDING, S.DEAD_LETTER),
+}
+
+
+@pytest.mark.parametrize(("current", "target"), list(itertools.product(S, S)))
+def test_exactly_seed_004s_transitions_are_legal(current: S, target: S) -> None:
+    if (current, target) in LEGAL:
+        assert transition(current, target) is target
+    else:
+        with pytest.raises(IllegalTransition):
+            transition(current, target)
+    assert {(a, b) for a, bs in TRANSITIONS.items() for b in bs} == LEGAL
+
+
+def test_the_tracker_checks_every_move_and_forgets_finished_entries() -> None:
+    tracker = Tracker()
+    tracker.move(["1", "2"], S.SENDING)
+    tracker.move(["1"], S.SENT)
+    assert tracker.states == {"2": S.SENDING}
+    tracker.move(["2"], S.RETRYABLE)
+    with pytest.raises(IllegalTransition):
+        tracker.move(["2"], S.SENT)  # retryable -> sent skips sending
+    tracker.move(["2"], S.SENDING)
+    tracker.move(["2"], S.DEAD_LETTER)
+    assert tracker.states == {}
+    with pytest.raises(IllegalTransition):
+        tracker.move(["3"], S.SENT)  # never claimed: pending -> sent
+
+
+@pytest.mark.parametrize(
+    ("expected", "present", "result"),
+    [
+        (["a", "b"], {"a", "b", "c"}, Verdict.ACCEPTED),
+        (["a", "b"], {"a"}, Verdict.REJECTED),
+        (["a"], set(), Verdict.REJECTED),
+        (["a"], None, Verdict.UNKNOWN),
+        ([], set(), Verdict.ACCEPTED),
+    ],
+)
+def test_reconciliation_verdicts(
+    expected: list[str], present: set[str] | None, result: Verdict
+) -> None:
+    assert verdict(expected, present) is result
+
+
+def test_retry_delays_double_up_to_the_cap_and_the_policy_validates() -> None:
+    policy = RelayPolicy(first_retry_ms=100, max_retry_ms=1000)
+    assert [policy.retry_delay_ms(n) for n in range(1, 7)] == [100, 200, 400, 800, 1000, 1000]
+    assert policy.retry_delay_ms(10_000) == 1000
+    for bad in (
+        RelayPolicy(batch=0),
+        RelayPolicy(batch=1001),
+        RelayPolicy(lease_ms=999),
+        RelayPolicy(max_retry_ms=10, first_retry_ms=20),
+    ):
+        with pytest.raises(ValueError):
+            bad.validate()
+
+
+# --- mailboxes ------------------------------------------------------------------
+
+
+def entry(seq: int, group: int, body: str = "hi") -> MailboxEntry:
+    record = MessageRecord("t", "c", seq, f"m{seq}", "u", "d", f"k{seq}", text(body), (), "", 1)
+    return MailboxEntry(seq, group, record, 2)
+
+
+def test_lanes_and_cursors_are_validated() -> None:
+    assert parse_lane("inbox") is None
+    assert parse_lane("conversation:a:b") == "a:b"
+    assert Mailbox.conversation("t", "x").lane == "conversation:x"
+    for bad in ("", "Inbox", "conversation:", "conversation:a b", "outbox"):
+        with pytest.raises(InvalidRequest):
+            parse_lane(bad)
+    for cursor in (MailboxCursor("inbox", 0, 3), MailboxCursor("inbox", -1, 0)):
+        with pytest.raises(InvalidRequest):
+            cursor.validate()
+    assert sync_limits(0, 0) == (100, 1 << 20)
+    for limit, size in ((1001, 0), (0, 1023), (0, (4 << 20) + 1)):
+        with pytest.raises(InvalidRequest):
+            sync_limits(limit, size)
+
+
+@pytest.mark.parametrize(
+    ("cursor", "why"),
+    [
+        (MailboxCursor("inbox", 2, 5), "epoch"),
+        (MailboxCursor("inbox", 3, 4), "trimmed"),
+        (MailboxCursor("inbox", 0, 0), "trimmed"),
+        (MailboxCursor("inbox", 3, 11), "ahead"),
+    ],
+)
+def test_a_cursor_that_cannot_continue_expires_with_the_watermark(
+    cursor: MailboxCursor, why: str
+) -> None:
+    with pytest.raises(CursorExpired) as caught:
+        check_cursor("inbox", cursor, LaneState(3, 10, 5))
+    assert (caught.value.epoch, caught.value.trim_watermark) == (3, 5)
+    assert why in caught.value.why
+
+
+def test_cursors_at_the_watermark_and_at_the_head_continue() -> None:
+    state = LaneState(3, 10, 5)
+    assert check_cursor("inbox", MailboxCursor("inbox", 3, 5), state) == 5
+    assert check_cursor("inbox", MailboxCursor("inbox", 3, 10), state) == 10
+    assert check_cursor("inbox", MailboxCursor(), LaneState()) == 0
+
+
+def test_pages_hold_whole_groups_within_limits_and_always_progress() -> None:
+    entries = (entry(1, 1), entry(2, 1), entry(3, 1), entry(4, 4), entry(5, 5), entry(6, 5))
+    read = LaneRead(LaneState(1, 6, 0), entries)
+    page = build_page("inbox", MailboxCursor(), read, 4, 1 << 20)
+    assert [e.seq for e in page.entries] == [1, 2, 3, 4] and page.more
+    assert page.next_cursor == MailboxCursor("inbox", 1, 4)
+    first = build_page("inbox", MailboxCursor(), read, 2, 1 << 20)
+    assert [e.seq for e in first.entries] == [1, 2, 3]  # one group, even over the limit
+    tight = build_page("inbox", MailboxCursor(), read, 100, 10)
+    assert [e.seq for e in tight.entries] == [1, 2, 3]  # and over the byte budget
+    rest = build_page("inbox", MailboxCursor("inbox", 1, 4), read, 100, 1 << 20)
+    assert [e.seq for e in rest.entries] == [5, 6] and not rest.more
+
+
+def test_trims_cut_whole_groups_by_age_and_by_count() -> None:
+    groups = [(3, 100), (4, 200), (6, 300)]
+    state = LaneState(1, 6, 0)
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=10_000, max_entries=10) == 0
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=850, max_entries=10) == 3
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=750, max_entries=10) == 4
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=10_000, max_entries=3) == 3
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=10_000, max_entries=1) == 4  # newest
+    assert trim_cut(state, groups, now_ms=1000, retention_ms=100, max_entries=1) == 6  # all old
+
+
+def test_new_items_drop_what_the_lane_holds_and_repeats() -> None:
+    items = [MailboxItem(entry(n, 1).record) for n in (1, 2, 2, 3)]
+    assert [i.message_id for i in new_items(items, {"m3"})] == ["m1", "m2"]
