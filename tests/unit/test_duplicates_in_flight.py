@@ -8,7 +8,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from backends.memory import open_memory_backend
+from service.domain.committer import MessageCommitter
+from service.domain.errors import QuotaExceeded
+from service.domain.limits import CommitLimits
 from service.domain.model import Reserved, ReserveResult
 from service.domain.ports import Backend
 from tests.support import committer, conversation, send, unique
@@ -88,3 +93,20 @@ async def test_a_cancelled_duplicate_leaves_the_attempt_in_flight_alone() -> Non
     gated.gate.set()
     ack = await first
     assert await waiting[1] == ack and gated.reserved == 1 and waiting[0].cancelled()
+
+
+async def test_duplicates_racing_their_first_attempt_cost_one_quota_token() -> None:
+    backend = open_memory_backend()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    gated = Gated(backend)
+    limits = CommitLimits(sender_rate_per_s=0.001, sender_burst=2)
+    c = MessageCommitter(backend.store, backend.membership, backend.outbox, limits=limits)
+    req = send(tenant)
+    tasks = [asyncio.create_task(c.commit_send(req)) for _ in range(8)]
+    await settle()
+    gated.gate.set()
+    assert len(set(await asyncio.gather(*tasks))) == 1
+    await c.commit_send(send(tenant))  # the second token
+    with pytest.raises(QuotaExceeded):
+        await c.commit_send(send(tenant))
