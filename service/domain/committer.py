@@ -17,10 +17,10 @@ key (tenant, sender, cmid), which can name a person, is logged at DEBUG.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
+from asyncio import Event  # coordination of coroutines only; no I/O
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -123,7 +123,7 @@ class MessageCommitter:
         self._observer: CommitObserver = observer or _NoObserver()
         self._policy = recovery or RecoveryPolicy()
         self._max_steps = max_steps
-        self._attempts: dict[CommitKey, asyncio.Event] = {}
+        self._attempts: dict[CommitKey, Event] = {}
         self._sent_hook = lambda: self.faults.check(FaultPoint.OUTBOX_SENT_UNACKED)
         self._between_hook = lambda: self.faults.check(FaultPoint.BETWEEN_MARKS)
 
@@ -168,7 +168,7 @@ class MessageCommitter:
         is concurrent Paxos rounds on one row, which time out on a cluster."""
         while (running := self._attempts.get(key)) is not None:
             await running.wait()  # cancellation-safe: the attempt in flight is untouched
-        done = self._attempts[key] = asyncio.Event()
+        done = self._attempts[key] = Event()
         try:
             yield
         finally:

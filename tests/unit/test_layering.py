@@ -8,6 +8,8 @@ from pathlib import Path
 
 DOMAIN = Path(__file__).resolve().parents[2] / "service" / "domain"
 FORBIDDEN_STDLIB = {"socket", "asyncio", "sqlite3", "http", "urllib", "subprocess", "ssl"}
+COORDINATION = {"Event"}
+"""What the domain may take from asyncio: waiting for another coroutine, no I/O, no loop."""
 
 
 def _imports(path: Path) -> set[str]:
@@ -16,6 +18,9 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            taken = {alias.name for alias in node.names}
+            if node.module == "asyncio" and taken <= COORDINATION:
+                continue
             names.add(node.module)
     return names
 
