@@ -20,7 +20,7 @@ import pytest
 from tests.faults.load import LoadDriver
 from tests.faults.scenario import READER, create_conversations, plan, redis_backend
 from tests.faults.support import Report, Service, observe, verify, wait_all_committed
-from tests.servers.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer, initialise_prefix
 from tests.support import unique
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -41,6 +41,7 @@ async def test_redis_kill_9_under_load_loses_no_acked_commit(
     report = Report("redis-server kill -9 + restart (appendfsync always)")
     redis = own_redis_server
     tenant, prefix = unique("t"), unique("mc-faults")
+    await initialise_prefix(own_redis_server.url, prefix)  # serve refuses an empty prefix
     open_backend = redis_backend(redis.url, prefix)
     env = {
         "MC_REDIS_URL": redis.url,

@@ -18,7 +18,7 @@ from service.client import CommitClient
 from tests.faults.load import LoadDriver
 from tests.faults.scenario import READER, create_conversations, plan, redis_backend
 from tests.faults.support import Report, Service, observe, unfinished, verify
-from tests.servers.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer, initialise_prefix
 from tests.support import unique
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -36,6 +36,7 @@ async def test_kill_9_of_the_service_under_load_loses_and_doubles_nothing(
 ) -> None:
     report = Report("serve kill -9 (redis, appendfsync always)")
     tenant, prefix = unique("t"), unique("mc-faults")
+    await initialise_prefix(own_redis_server.url, prefix)  # serve refuses an empty prefix
     open_backend = redis_backend(own_redis_server.url, prefix)
     env = {
         "MC_REDIS_URL": own_redis_server.url,
