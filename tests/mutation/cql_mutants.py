@@ -20,6 +20,8 @@ STORE = "backends.scylla.store"
 SEQUENCE = "backends.scylla.sequence"
 MEMBERS = "backends.scylla.members"
 HISTORY = "backends.scylla.history"
+QUEUE = "backends.scylla.queue"
+COMMITS = "backends.scylla.commits"
 
 
 def _cql(id: str, promise: Promise, what: str, module: str, old: str, new: str) -> Mutant:
@@ -43,13 +45,14 @@ CQL_MUTANTS: tuple[Mutant, ...] = (
     _cql(
         "scylla-if-commit-any-state", "ACK",
         "the commit-mark applies without the publish-mark (IF message_id = ? only)",
-        STORE, "f\" {_KEY} IF state = 'outboxed' AND message_id = ?\",",
-        "f\" {_KEY} IF message_id = ?\",",
+        STORE,
+        "f\" {_KEY} IF state = 'outboxed' AND message_id = ? AND pub_stream = ? AND pub_position = ?\",",
+        "f\" {_KEY} IF message_id = ? AND pub_stream = ? AND pub_position = ?\",",
     ),
     _cql(
         "scylla-if-defer-any-intent", "recovery",
         "defer_recovery applies to a newer intent of the key (IF created_at_ms >= ?)",
-        STORE, 'f" rq_quarantined = ? {_KEY} IF created_at_ms = ?",',
+        QUEUE, 'f" rq_quarantined = ? {_KEY} IF created_at_ms = ?",',
         'f" rq_quarantined = ? {_KEY} IF created_at_ms >= ?",',
     ),
     _cql(
@@ -70,14 +73,14 @@ CQL_MUTANTS: tuple[Mutant, ...] = (
         "an unknown outcome of the seq CAS is taken as applied",
         SEQUENCE,
         "            except StoreOutcomeUnknown:\n"
-        "                pass  # the reservation read below tells whether it applied\n",
+        "                applied, rows = False, []  # the serial reads below tell what applied\n",
         "            except StoreOutcomeUnknown:\n"
-        "                return last + 1\n",
+        "                applied, rows = True, []\n",
     ),
     _cql(
         "scylla-seq-stale-reservation-reused", "seq",
         "a key reserved again after its window reuses the seq of its expired commit",
-        SEQUENCE, "            if seq is not None and seq != stale_seq:\n",
+        SEQUENCE, "            if seq is not None and seq != ask.stale:\n",
         "            if seq is not None:\n",
     ),
     _cql(
@@ -92,24 +95,23 @@ CQL_MUTANTS: tuple[Mutant, ...] = (
         "scylla-commit-reread-not-checked", "ACK",
         "a commit-mark that did not apply still gives an ACK",
         STORE,
-        "            if state_of(after) is not CommitState.COMMITTED:\n"
-        '                raise StoreOutcomeUnknown("scylla: the commit-mark did not apply")\n',
-        "",
+        "            raise StoreConflict(\"a different publication is already recorded\")\n"
+        '        raise StoreOutcomeUnknown("scylla: the commit-mark did not apply")\n',
+        "            raise StoreConflict(\"a different publication is already recorded\")\n"
+        "        return self._clock.now_ms()\n",
     ),
     _cql(
         "scylla-commit-unknown-is-applied", "ACK",
         "an unknown outcome of the commit-mark is an ACK without a serial re-read",
         STORE,
-        "                    r.message_id,\n"
-        "                ),\n"
-        "            )\n"
         "        except StoreOutcomeUnknown:\n"
-        "            applied = False\n",
-        "                    r.message_id,\n"
-        "                ),\n"
-        "            )\n"
+        "            applied = False\n"
+        "        if not applied:\n"
+        "            now = await self._commit_refused(",
         "        except StoreOutcomeUnknown:\n"
-        "            applied = True\n",
+        "            applied = True\n"
+        "        if not applied:\n"
+        "            now = await self._commit_refused(",
     ),
     _cql(
         "scylla-create-refused-is-created", "authorisation",
@@ -148,29 +150,30 @@ CQL_MUTANTS: tuple[Mutant, ...] = (
     _cql(
         "scylla-expired-at-expiry-is-live", "ACK",
         "a committed row is still live at its expiry instant",
-        STORE, "            and expires <= self._clock.now_ms()\n",
+        COMMITS, "            and expires <= self._clock.now_ms()\n",
         "            and expires < self._clock.now_ms()\n",
     ),
     _cql(
         "scylla-judge-no-absent-grace", "recovery",
         "a recovery entry whose intent is not written yet is dropped at once",
-        STORE,
+        QUEUE,
         "            if entry.created_at_ms >= self._clock.now_ms() - ABSENT_ENTRY_GRACE_MS:\n",
         "            if False:\n",
     ),
     _cql(
         "scylla-judge-any-intent-is-mine", "recovery",
         "a recovery entry is taken as the entry of whatever intent holds the key now",
-        STORE,
-        "        mine = (entry.message_id is None or row.get(\"message_id\") == entry.message_id) and (\n"
-        "            created == entry.created_at_ms\n"
-        "        )\n",
-        "        mine = True\n",
+        QUEUE,
+        "        if row.get(\"created_at_ms\") != entry.created_at_ms:\n"
+        "            await self._rows.quietly(self._stale(entry, row))\n"
+        "            return None\n"
+        "        if row.get(\"rq_quarantined\"):\n",
+        "        if row.get(\"rq_quarantined\"):\n",
     ),
     _cql(
         "scylla-defer-any-intent", "recovery",
         "defer_recovery records a failure on a newer intent of the key",
-        STORE, "            or row.get(\"created_at_ms\") != item.created_at_ms\n", "",
+        QUEUE, "            or row.get(\"created_at_ms\") != item.created_at_ms\n", "",
     ),
     _cql(
         "scylla-history-no-member-check", "authorisation",
