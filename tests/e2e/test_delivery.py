@@ -50,9 +50,12 @@ LEASE_S = {"redis": 2.0, "scylla": 6.0}
 """Scylla renews by LWT, slower on a loaded two-core machine: a longer lease."""
 THRESHOLD = 5
 MAX_ENTRIES = 40
+RELAY_BATCH = 8
+"""A group is what one relay append wrote, and the newest group is never trimmed for
+the count: small batches keep a caught-up backlog from landing as one untrimmable group."""
 REGULAR = 5  # conversations of 3 members, each user in one
 PER_CONVERSATION = 24
-CHATTY = 60  # > MAX_ENTRIES: its inboxes are trimmed
+CHATTY = 60  # > MAX_ENTRIES + RELAY_BATCH: its inboxes are trimmed
 DEADLINE_S = 120.0
 ATTEMPT = RetryPolicy(max_attempts=2, attempt_timeout_s=2.0, deadline_s=4.0)
 
@@ -120,6 +123,7 @@ def _relay_env(stack: Stack) -> dict[str, str]:
         "MC_RELAY_FIRST_RETRY": "200ms",
         "MC_FANOUT_THRESHOLD": str(THRESHOLD),
         "MC_MAILBOX_MAX_ENTRIES": str(MAX_ENTRIES),
+        "MC_RELAY_BATCH": str(RELAY_BATCH),
         "MC_RELAY_SETTLE_WINDOW": "3s",
     }
 
