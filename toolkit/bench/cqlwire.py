@@ -225,6 +225,7 @@ async def _serve(target: tuple[str, int]) -> None:
         writer.write(json.dumps(wire.snapshot()).encode() + b"\n")
         await writer.drain()
         writer.close()
+        await writer.wait_closed()
 
     control = await asyncio.start_server(report, "127.0.0.1", 0)
     control_port = control.sockets[0].getsockname()[1]
@@ -239,6 +240,7 @@ async def read_counts(control_port: int) -> Counter[str]:
         line = await reader.readline()
     finally:
         writer.close()
+        await writer.wait_closed()  # else the transport outlives a loop closed after us
     return Counter({str(k): int(v) for k, v in json.loads(line).items()})
 
 
