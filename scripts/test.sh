@@ -23,4 +23,4 @@ echo "== go vet + go test (the nemesis's porcupine checker)"
 (cd toolkit/nemesis/porcupine && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test ./...)
 echo "== pytest"
 if [ $# -eq 0 ]; then set -- -m "not (cluster and slow)"; fi
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
