@@ -53,6 +53,7 @@ from client import (
     open_local_store,
 )
 from client.events import ClientEvent
+from client.tasks import cancel_and_wait
 from service.domain.model import Direction, HistoryQuery, MessageContent, MessageType
 
 PROG = "message-committer chat"
@@ -141,9 +142,7 @@ class Chat:
         finally:
             loop.remove_reader(sys.stdin.fileno())
             await runtime.close()
-            printer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await printer
+            await cancel_and_wait(printer)
         self.say("bye")
         return 0
 

@@ -22,6 +22,7 @@ from client.faults import ClientCrash, ClientPoint
 from client.model import INBOX, ExpiredCursor, MailboxCursor, MailboxHint, PendingSend
 from client.outcomes import Outcome, classify, describe, is_timeout, retry_wait_s
 from client.state import Backoff, ConnectionState, Liveness
+from client.tasks import cancel_and_wait
 from client.transport import ServerApi
 from service.domain.errors import CommitError
 from service.domain.errors import CursorExpired as ServerCursorExpired
@@ -62,6 +63,8 @@ class Supervisor:
     async def run(self) -> None:
         rt = self.rt
         for _attempt in range(1_000_000_000):  # a runtime's life; each turn waits a backoff
+            if rt.stopped:
+                return  # closed or crashed: no new connection
             rt.set_state(S.CONNECTING)
             api = rt.connector.open()
             rt.api = api
@@ -228,9 +231,7 @@ class Supervisor:
                     wait = max(0.05, liveness.remaining(self.loop.time()))
                     await asyncio.wait_for(rt.wake.wait(), wait)
         finally:
-            stream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await stream
+            await cancel_and_wait(stream)
 
     async def read_stream(self, api: ServerApi, liveness: Liveness) -> None:
         """Hints only ever ask for a sync; the stream's every message is a PONG."""

@@ -72,6 +72,7 @@ from client.model import (
 from client.outcomes import Outcome, classify
 from client.state import ConnectionState, check_transition
 from client.store import Applied, LocalStore
+from client.tasks import cancel_and_wait
 from client.transport import Connector, ServerApi
 from service.domain.errors import CommitError, InvalidRequest, Unavailable
 from service.domain.limits import CommitLimits, validate_send
@@ -185,9 +186,7 @@ class ClientRuntime:
         try:
             task = self._supervisor
             if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ClientCrash):
-                    await task
+                await cancel_and_wait(task)
             if self.api is not None:
                 with contextlib.suppress(Exception):
                     await self.api.close()
@@ -197,6 +196,11 @@ class ClientRuntime:
             if self._state is not ConnectionState.CLOSED:
                 self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
             self._events.close()
+
+    @property
+    def stopped(self) -> bool:
+        """Closed or crashed: nothing more runs or is written."""
+        return self._stopped
 
     def _check_running(self) -> None:
         if self._stopped:
