@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
+import os
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from client import ClientPoint
-from toolkit.client_campaign.scenario import Options, SeedResult, run_seed
+from toolkit.client_campaign.scenario import ABANDONED, Options, SeedResult, run_seed
 
 PROG = "message-committer client-campaign"
 
@@ -67,7 +70,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def _report_abandoned(results: list[SeedResult], started: float, args: argparse.Namespace) -> None:
+    """A hung teardown would also hang the loop's shutdown: report now and exit."""
+    code = report(
+        results,
+        time.monotonic() - started,
+        clients=args.clients,
+        require_every_point=args.require_every_point,
+    )
+    print(f"{len(ABANDONED)} seed(s) abandoned with a hung teardown; exiting", flush=True)
+    sys.stderr.flush()
+    os._exit(code or 1)
+
+
+BLOCKED_S = 60.0
+"""An event loop that has not run a tick for this long is blocked (a coroutine that
+never awaits): the threads' stacks are printed once, since no timeout can fire."""
+
+
+async def _heartbeat(beat: list[float]) -> None:
+    while True:
+        beat[0] = time.monotonic()
+        await asyncio.sleep(1.0)
+
+
+def _watch_loop(beat: list[float], done: threading.Event) -> None:
+    while not done.wait(5.0):
+        if time.monotonic() - beat[0] > BLOCKED_S:
+            print(f"{PROG}: the event loop has been blocked for {BLOCKED_S:.0f} s", file=sys.stderr)
+            faulthandler.dump_traceback(sys.stderr, all_threads=True)
+            return
+
+
 async def _run(args: argparse.Namespace, options: Options) -> list[SeedResult]:
+    beat, done = [time.monotonic()], threading.Event()
+    heart = asyncio.create_task(_heartbeat(beat))
+    watcher = threading.Thread(target=_watch_loop, args=(beat, done), daemon=True)
+    watcher.start()
+    try:
+        return await _seeds(args, options)
+    finally:
+        done.set()
+        heart.cancel()
+
+
+async def _seeds(args: argparse.Namespace, options: Options) -> list[SeedResult]:
     limit = asyncio.Semaphore(args.parallel)
     with tempfile.TemporaryDirectory(prefix="mc-client-campaign-") as tmp:
 
@@ -78,8 +125,12 @@ async def _run(args: argparse.Namespace, options: Options) -> list[SeedResult]:
                 print(f"seed {seed}: " + "; ".join(result.problems[:5]), flush=True)
             return result
 
+        started = time.monotonic()
         seeds = range(args.first_seed, args.first_seed + args.seeds)
-        return list(await asyncio.gather(*(one(s) for s in seeds)))
+        results = list(await asyncio.gather(*(one(s) for s in seeds)))
+        if ABANDONED:
+            _report_abandoned(results, started, args)
+        return results
 
 
 def report(

@@ -364,13 +364,39 @@ def reported_per_store(events: list[ClientEvent]) -> list[Counter[str]]:
     return lives
 
 
+TEARDOWN_S = 30.0
+"""How long a timed-out seed's teardown may take once cancelled."""
+
+ABANDONED: set[asyncio.Task[SeedResult]] = set()
+"""Seeds whose teardown hung after their timeout: left running, reported, never awaited."""
+
+
 async def run_seed(seed: int, options: Options, workdir: Path) -> SeedResult:
+    """One seed, bounded: after ``seed_timeout_s`` it is cancelled (stuck), and when its
+    teardown does not end within ``TEARDOWN_S`` either, it is abandoned and the
+    coroutine it hangs in is named."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     run = Seed(seed, options, workdir)
-    try:
-        async with asyncio.timeout(options.seed_timeout_s):
-            return await run.run()
-    except TimeoutError:
-        run.result.stuck = True
-        run.result.problems.append(f"timed out at {run.phase}")
-        return run.result
+    task = asyncio.create_task(run.run(), name=f"client-campaign-seed-{seed}")
+    done, _ = await asyncio.wait({task}, timeout=options.seed_timeout_s)
+    if task in done:
+        return task.result()
+    run.result.stuck = True
+    run.result.problems.append(f"timed out at {run.phase}")
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=TEARDOWN_S)
+    if task not in done:
+        ABANDONED.add(task)
+        run.result.problems.append(f"its teardown hung in {hung_in(task)}")
+    elif not task.cancelled() and task.exception() is not None:
+        run.result.problems.append(f"its teardown failed: {type(task.exception()).__name__}")
+    return run.result
+
+
+def hung_in(task: asyncio.Task[SeedResult]) -> str:
+    """Where a task waits: the innermost coroutine frame of its await chain."""
+    frames = task.get_stack()
+    if not frames:
+        return "an unknown place"
+    inner = frames[-1]
+    return f"{inner.f_code.co_name} ({inner.f_code.co_filename}:{inner.f_lineno})"
