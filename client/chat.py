@@ -53,8 +53,8 @@ from client import (
     open_local_store,
 )
 from client.events import ClientEvent
-from client.tasks import cancel_and_wait
 from service.domain.model import Direction, HistoryQuery, MessageContent, MessageType
+from service.tasks import cancel_and_wait
 
 PROG = "message-committer chat"
 HELP = "type a message and Enter to send; /pending, /history, /help, /quit"

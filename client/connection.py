@@ -22,11 +22,11 @@ from client.faults import ClientCrash, ClientPoint
 from client.model import INBOX, ExpiredCursor, MailboxCursor, MailboxHint, PendingSend
 from client.outcomes import Outcome, classify, describe, is_timeout, retry_wait_s
 from client.state import Backoff, ConnectionState, Liveness
-from client.tasks import cancel_and_wait
 from client.transport import ServerApi
 from service.domain.errors import CommitError
 from service.domain.errors import CursorExpired as ServerCursorExpired
 from service.domain.model import CommittedMessage, Direction, HistoryQuery
+from service.tasks import cancel_and_wait, wait_event
 
 if TYPE_CHECKING:
     from client.runtime import ClientRuntime
@@ -227,9 +227,7 @@ class Supervisor:
                 rt.wake.clear()
                 if rt.sync_wanted:
                     continue
-                with contextlib.suppress(TimeoutError):
-                    wait = max(0.05, liveness.remaining(self.loop.time()))
-                    await asyncio.wait_for(rt.wake.wait(), wait)
+                await wait_event(rt.wake, max(0.05, liveness.remaining(self.loop.time())))
         finally:
             await cancel_and_wait(stream)
 

@@ -72,7 +72,6 @@ from client.model import (
 from client.outcomes import Outcome, classify
 from client.state import ConnectionState, check_transition
 from client.store import Applied, LocalStore
-from client.tasks import cancel_and_wait
 from client.transport import Connector, ServerApi
 from service.domain.errors import CommitError, InvalidRequest, Unavailable
 from service.domain.limits import CommitLimits, validate_send
@@ -84,6 +83,7 @@ from service.domain.model import (
     HistoryQuery,
     MemberPage,
 )
+from service.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,11 @@ class ClientRuntime:
             if self._state is not ConnectionState.CLOSED:
                 self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
             self._events.close()
+
+    @property
+    def cycle(self) -> asyncio.Task[None] | None:
+        """The connection cycle's task (for diagnostics), None before ``connect``."""
+        return self._supervisor
 
     @property
     def stopped(self) -> bool:

@@ -150,7 +150,8 @@ class GrpcServerApi(ServerApi):
 
     async def wait_ready(self) -> None:
         try:
-            await asyncio.wait_for(self._channel.channel_ready(), self._timeout)
+            async with asyncio.timeout(self._timeout):  # not wait_for: see service.tasks
+                await self._channel.channel_ready()
         except TimeoutError:
             raise Unavailable("the server could not be reached") from None
 

@@ -21,6 +21,7 @@ from service.domain.errors import StoreError
 from service.domain.model import RecoveryReport, RecoveryStats
 from service.domain.ports import Clock
 from service.metrics import ServiceMetrics
+from service.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,7 @@ class RecoveryLoop:
         recovery runs too; separate from readiness, which never depends on it)."""
         while not stop.is_set():
             await self.update_gauges()
-            try:
-                await asyncio.wait_for(stop.wait(), interval_s)
-            except TimeoutError:
-                continue
+            await wait_event(stop, interval_s)
 
     def next_delay(self) -> float:
         return self._interval_s * self._rng.uniform(1 - JITTER, 1 + JITTER)
@@ -115,9 +113,7 @@ class RecoveryLoop:
     async def run(self, stop: asyncio.Event) -> None:
         """Run every (jittered) interval until ``stop`` is set."""
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.next_delay())
-            except TimeoutError:
+            if not await wait_event(stop, self.next_delay()):
                 try:
                     await self.run_once()
                 except Exception as exc:  # the loop outlives one failed run

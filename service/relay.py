@@ -35,6 +35,7 @@ from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
 from service.domain.relay_worker import PartitionWork, Targets
 from service.relay_metrics import RelayMetrics
+from service.tasks import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ class RelayRunner:
                     self._metrics.errors.labels(type(exc).__name__).inc()
                     log.warning("relay: lease round failed: %s", type(exc).__name__)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._first(stop), interval)
+                    async with asyncio.timeout(interval):  # not wait_for: see service.tasks
+                        await self._first(stop)
         finally:
             self._stop.set()
             doorbell.cancel()
@@ -265,8 +267,7 @@ class RelayRunner:
             await self._ports.partitions.release(lease)
 
     async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), max(0.0, seconds))
+        await wait_event(self._stop, seconds)
 
     async def _idle(self, held: _Held) -> None:
         """Wait for the doorbell to name this partition (a safety look every
@@ -277,8 +278,7 @@ class RelayRunner:
         held.idle = True
         self._became_idle.set()
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.wake.wait(), max(self._idle_s, IDLE_SAFETY_S))
+            await wait_event(held.wake, max(self._idle_s, IDLE_SAFETY_S))
         finally:
             held.wake.clear()
             held.idle = False
@@ -292,8 +292,7 @@ class RelayRunner:
             idle = [name for name, h in self._held.items() if h.idle and not h.wake.is_set()]
             if not idle:
                 self._became_idle.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._became_idle.wait(), self._idle_s)
+                await wait_event(self._became_idle, self._idle_s)
                 continue
             try:
                 ready = await partitions.wait(idle, int(self._idle_s * 1000))

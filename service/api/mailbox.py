@@ -38,6 +38,7 @@ from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxEnt
 from service.domain.ports import Clock, MembershipStore
 from service.gen.message_committer.v1 import mailbox_pb2 as pb
 from service.gen.message_committer.v1 import mailbox_pb2_grpc
+from service.tasks import wait_event
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -184,9 +185,8 @@ class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
                 yield pb.SubscribeResponse(
                     heartbeat=pb.Heartbeat(server_time_ms=self._clock.now_ms())
                 )
-            with contextlib.suppress(TimeoutError):
-                wait_s = min(self._poll_s, max(0.0, heartbeat_s - (time.monotonic() - beat)))
-                await asyncio.wait_for(self._stopping.wait(), wait_s)
+            wait_s = min(self._poll_s, max(0.0, heartbeat_s - (time.monotonic() - beat)))
+            await wait_event(self._stopping, wait_s)
 
     async def _big_lanes(self, tenant: str, user: str) -> list[Mailbox]:
         """The lanes of the big conversations ``user`` is a member of now."""

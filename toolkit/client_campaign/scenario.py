@@ -48,6 +48,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from client import (
     ClientCrash,
@@ -382,7 +384,11 @@ async def run_seed(seed: int, options: Options, workdir: Path) -> SeedResult:
     if task in done:
         return task.result()
     run.result.stuck = True
-    run.result.problems.append(f"timed out at {run.phase}")
+    run.result.problems.append(f"timed out at {run.phase}, waiting in {hung_in(task)}")
+    for host in run.hosts:  # where each runtime's connection cycle was
+        cycle = host.runtime.cycle if host.runtime is not None else None
+        if cycle is not None and not cycle.done():
+            run.result.problems.append(f"{host.user}'s connection cycle in {hung_in(cycle)}")
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=TEARDOWN_S)
     if task not in done:
@@ -393,10 +399,19 @@ async def run_seed(seed: int, options: Options, workdir: Path) -> SeedResult:
     return run.result
 
 
-def hung_in(task: asyncio.Task[SeedResult]) -> str:
-    """Where a task waits: the innermost coroutine frame of its await chain."""
-    frames = task.get_stack()
+def hung_in(task: asyncio.Task[Any]) -> str:
+    """Where a task waits: the innermost frames of its await chain, outermost first."""
+    frames: list[FrameType] = []
+    awaited: Any = task.get_coro()
+    for _ in range(100):  # the chain of coroutines each one awaits
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            frames.append(frame)
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        if awaited is None:
+            break
     if not frames:
         return "an unknown place"
-    inner = frames[-1]
-    return f"{inner.f_code.co_name} ({inner.f_code.co_filename}:{inner.f_lineno})"
+    return " > ".join(
+        f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}" for f in frames[-6:]
+    )

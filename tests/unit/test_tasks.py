@@ -1,4 +1,4 @@
-"""cancel_and_wait: a child's end is awaited, the caller's own cancellation is never lost."""
+"""cancel_and_wait and wait_event: a caller's own cancellation is never lost."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from client.tasks import cancel_and_wait
+from service.tasks import cancel_and_wait, wait_event
 
 
 async def _slow_to_stop(stopping: asyncio.Event, release: asyncio.Event) -> None:
@@ -48,3 +48,28 @@ async def test_the_childs_own_end_is_consumed() -> None:
     running = asyncio.create_task(asyncio.sleep(10))
     await cancel_and_wait(running)
     assert running.cancelled()
+
+
+async def test_wait_event_says_whether_the_event_was_set() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_event(event, 5) is True
+    assert await wait_event(event, 0) is True
+
+
+async def test_a_cancel_that_arrives_as_the_event_is_set_is_not_lost() -> None:
+    """Python 3.11's wait_for loses this one (cpython#86296): the caller carries on."""
+    event, after = asyncio.Event(), []
+
+    async def waiter() -> None:
+        await wait_event(event, 10)
+        after.append("carried on")
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.01)
+    event.set()
+    task.cancel()  # the same loop step: the wait completes as the cancel arrives
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert after == []
