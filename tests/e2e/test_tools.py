@@ -128,7 +128,7 @@ def test_grpcurl_syncs_a_mailbox_page_through_reflection_alone(serve: ServeProce
         synced = call(f"{MAILBOX}/Sync", {"tenant": "t2", "user": "bob", "limit": 2})
         assert synced.returncode == 0, synced.stderr
         page = json.loads(synced.stdout)
-        if page.get("events"):
+        if len(page.get("events") or []) >= 2:  # the relay may deliver the first one alone
             break
         time.sleep(0.05)
     events = page["events"]
