@@ -148,6 +148,7 @@ def _load_file_module(name: str, path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise BenchError(f"cannot load {path.name}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
