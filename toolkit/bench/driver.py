@@ -379,7 +379,9 @@ async def create_population(
         create: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(CREATE_CONVERSATION)
         add: aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(ADD_MEMBERS)
 
-        async def all_of(method: aio.UnaryUnaryMultiCallable[bytes, bytes], requests: Any) -> None:
+        async def all_of(
+            method: aio.UnaryUnaryMultiCallable[bytes, bytes], requests: Any, streams: int
+        ) -> None:
             queue = iter(requests)
 
             async def one() -> None:
@@ -394,8 +396,11 @@ async def create_population(
                             raise BenchError(f"creating members failed: {exc.code().name}") from exc
                     created += 1
 
-            await asyncio.gather(*(one() for _ in range(concurrency)))
+            await asyncio.gather(*(one() for _ in range(streams)))
 
-        await all_of(create, list(population.create_requests()))
-        await all_of(add, list(population.add_requests()))  # the big ones, after they exist
+        await all_of(create, list(population.create_requests()), concurrency)
+        # The big ones, after they exist: one page at a time per conversation, since a
+        # conversation's membership changes apply one after another anyway (pages sent
+        # at once would only queue, past their deadline, on a slow backend).
+        await asyncio.gather(*(all_of(add, pages, 1) for pages in population.add_requests()))
     return created

@@ -107,17 +107,22 @@ class Population:
         for i in range(self.big_conversations):
             yield _create(self.tenant, self.big(i), self.big_members_of(i)[:MEMBER_PAGE])
 
-    def add_requests(self) -> Iterator[bytes]:
-        """AddMembers requests growing every big conversation to ``big_members``."""
+    def add_requests(self) -> list[list[bytes]]:
+        """Per big conversation, the AddMembers pages growing it to ``big_members``."""
+        pages = []
         for i in range(self.big_conversations):
             everyone = self.big_members_of(i)
-            for start in range(MEMBER_PAGE, len(everyone), MEMBER_PAGE):
-                request = mpb.AddMembersRequest(
-                    tenant=self.tenant,
-                    conversation=self.big(i),
-                    members=everyone[start : start + MEMBER_PAGE],
-                )
-                yield request.SerializeToString()
+            pages.append(
+                [
+                    mpb.AddMembersRequest(
+                        tenant=self.tenant,
+                        conversation=self.big(i),
+                        members=everyone[start : start + MEMBER_PAGE],
+                    ).SerializeToString()
+                    for start in range(MEMBER_PAGE, len(everyone), MEMBER_PAGE)
+                ]
+            )
+        return pages
 
 
 def _create(tenant: str, conversation: str, members: list[str]) -> bytes:
