@@ -19,7 +19,14 @@ from client import pages
 from client.errors import ClientRuntimeError
 from client.events import CursorExpired, SendFailed
 from client.faults import ClientCrash, ClientPoint
-from client.model import INBOX, ExpiredCursor, MailboxCursor, MailboxHint, PendingSend
+from client.model import (
+    INBOX,
+    ExpiredCursor,
+    Heartbeat,
+    MailboxCursor,
+    MailboxHint,
+    PendingSend,
+)
 from client.outcomes import Outcome, classify, describe, is_timeout, retry_wait_s
 from client.state import Backoff, ConnectionState, Liveness
 from client.transport import ServerApi
@@ -107,7 +114,7 @@ class Supervisor:
             await self.reconcile(api)
             self.rt.set_state(S.ONLINE)
             self.backoff.reset()
-            await self.online(api)
+            await self.online(api, unhinted=set(lanes))
 
     # --- sync and rebuild -------------------------------------------------------------
 
@@ -201,12 +208,18 @@ class Supervisor:
 
     # --- online -----------------------------------------------------------------------
 
-    async def online(self, api: ServerApi) -> None:
+    async def online(self, api: ServerApi, unhinted: set[str] | None = None) -> None:
         """Send and follow hints until the connection ends (raises) or a lane's
-        cursor expired (returns: the session syncs and rebuilds)."""
+        cursor expired (returns: the session syncs and rebuilds).
+
+        ``unhinted`` are listed lanes the stream has not hinted yet. A server's
+        Subscribe looks for new big-conversation lanes only now and then, so a lane
+        listed before its first entry is synced at every heartbeat until a hint
+        names it: its first messages wait one heartbeat, not the server's refresh."""
         rt = self.rt
         liveness = Liveness(self.cfg.pong_timeout_s, self.loop.time())
-        stream = asyncio.create_task(self.read_stream(api, liveness), name="client-subscribe")
+        reader = self.read_stream(api, liveness, set() if unhinted is None else unhinted)
+        stream = asyncio.create_task(reader, name="client-subscribe")
         try:
             for _ in range(1_000_000_000):  # a connection's life; each turn waits or works
                 if stream.done():
@@ -231,13 +244,16 @@ class Supervisor:
         finally:
             await cancel_and_wait(stream)
 
-    async def read_stream(self, api: ServerApi, liveness: Liveness) -> None:
+    async def read_stream(self, api: ServerApi, liveness: Liveness, unhinted: set[str]) -> None:
         """Hints only ever ask for a sync; the stream's every message is a PONG."""
         rt, a = self.rt, self.account
         try:
             async for item in api.subscribe(a.tenant, a.user, self.cfg.heartbeat_s):
                 liveness.seen(self.loop.time())
-                if isinstance(item, MailboxHint):
+                if isinstance(item, Heartbeat):
+                    rt.sync_wanted.update(unhinted)
+                elif isinstance(item, MailboxHint):
+                    unhinted.discard(item.lane)
                     cursor = await rt.store.cursor(item.lane)
                     if cursor is None or cursor.epoch != item.epoch or item.seq > cursor.seq:
                         rt.sync_wanted.add(item.lane)

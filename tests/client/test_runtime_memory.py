@@ -292,3 +292,21 @@ async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
     local = [m.record for m in await bob.rt.store.messages("big", limit=100)]
     assert local == await history(servers.target, "big", "bob")
     assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
+
+
+@pytest.mark.server(fanout_threshold=2)
+async def test_a_big_lane_listed_before_its_first_entry_is_synced_without_a_hint(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    """Subscribe looks for new big-conversation lanes once a minute, so it cannot hint
+    a lane that had no entry when the stream began; the client syncs such a listed
+    lane at each heartbeat instead, and gets its first messages within seconds."""
+    async with await admin(servers.target) as c:
+        await c.create_conversation(TENANT, "big", ["alice", "bob", "carol"])
+    alice, bob = new_client("alice"), new_client("bob")
+    await bob.start()
+    await bob.online()  # listed "conversation:big" (3 members > 2), still empty
+    await alice.start()
+    for i in range(3):
+        await alice.send("big", f"first {i}")
+    await eventually(lambda: _count(bob, 3, "big"), 10)  # far below the minute
