@@ -32,7 +32,9 @@ from client import (
     SendMessage,
     open_local_store,
 )
+from service.domain.errors import CursorExpired as ServerCursorExpired
 from service.domain.faults import FaultPoint, RelayPoint
+from service.domain.mailbox import MailboxCursor as ServerCursor
 from service.domain.model import AuthenticatedSend, HistoryQuery, MessageContent, MessageType
 from tests.client.conftest import NewClient
 from tests.client.support import (
@@ -118,6 +120,15 @@ async def test_send_and_receive_keep_message_type_and_custom_type(new_client: Ne
 
 async def _count(client: Client, n: int, conversation: str = "general") -> bool:
     return len(await client.rt.store.messages(conversation, limit=10_000)) >= n
+
+
+async def _expired_for(servers: MemoryServers, user: str, cursor: ServerCursor) -> bool:
+    async with await admin(servers.target) as c:
+        try:
+            await c.sync(TENANT, user, cursor)
+        except ServerCursorExpired:
+            return True
+    return False
 
 
 async def test_a_send_persisted_before_a_crash_goes_out_once_after_the_restart(
@@ -283,6 +294,9 @@ async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
     for i in range(10):
         await alice.send("big", f"while bob is away {i}")
     await eventually(lambda: no_pending(alice))
+    # ACKed is not delivered: wait until the relay's appends trimmed the lane past
+    # bob's cursor, or bob, back early, would follow them as they come and not expire.
+    await eventually(lambda: _expired_for(servers, "bob", ServerCursor("conversation:big", 1, 3)))
     await bob.start()
     await eventually(lambda: _count(bob, 13, "big"), 30)
     [expired] = [e for e in bob.events if isinstance(e, CursorExpired)]
