@@ -18,7 +18,7 @@ import pytest
 
 from backends.scylla import open_scylla_backend
 from service.domain.committer import MessageCommitter
-from service.domain.errors import CommitError, StoreError
+from service.domain.errors import CommitError, Recoverable, StoreError, Unavailable
 from service.domain.ports import Backend
 from tests.scylla.conftest import store_of
 from tests.servers.cql_cluster import ClusterServer
@@ -103,7 +103,16 @@ async def test_a_cut_proxy_makes_its_node_unreachable_and_nothing_goes_around(
         first, *rest = names.values()
         toxiproxy.set_enabled(first, False)
         for _ in range(5):  # QUORUM of the two others still commits
-            await c.commit_send(send(tenant))
+            request = send(tenant)
+            for attempt in range(3):
+                try:
+                    await c.commit_send(request)
+                    break
+                except (Recoverable, Unavailable):
+                    # A request that was in flight on the cut node's connection ends
+                    # ConnectionShutdown: retried with the same key, as a client does.
+                    if attempt == 2:
+                        raise
         for name in rest:
             toxiproxy.set_enabled(name, False)
         with pytest.raises((StoreError, CommitError)):
