@@ -3,10 +3,12 @@
 Everything the Scylla backend sends goes through ``CqlSession``:
 
 * the driver's sockets are served by the caller's own asyncio loop
-  (``reactor.py``: no I/O thread, no GIL hand-off per response); a
-  ``ResponseFuture`` resolves an asyncio future through module-level
-  callbacks (no closure per request), and the driver's request timeout (a
-  ``loop.call_later`` handle) bounds every await; frames are not compressed;
+  (``reactor.py``: no I/O thread, no GIL hand-off per response); prepared
+  statements and batches go straight onto a pooled connection
+  (``direct.py``), anything else through a ``ResponseFuture`` that resolves
+  an asyncio future through module-level callbacks; either way a
+  ``loop.call_later`` timer with the request timeout bounds every await;
+  frames are not compressed;
 * statements are prepared once per session, by name;
 * every request is counted in ``requests``, and the driver never re-sends one
   on its own (``FallthroughRetryPolicy``), so the count is what goes on the
@@ -71,13 +73,12 @@ from cassandra.policies import (
 )
 from cassandra.protocol import ErrorMessage
 from cassandra.query import (
-    BatchStatement,
-    BatchType,
     PreparedStatement,
     SimpleStatement,
     dict_factory,
 )
 
+from backends.scylla.direct import Call, DirectSender
 from backends.scylla.reactor import loop_connection_class
 from service.domain.errors import (
     StoreError,
@@ -158,6 +159,8 @@ class CqlSession:
         requests: Counter[str],
         serial_consistency: int,
         request_timeout_s: float,
+        *,
+        direct: bool = True,
     ) -> None:
         self._cluster = cluster
         self._session = session
@@ -168,6 +171,9 @@ class CqlSession:
         self._prepared: dict[str, PreparedStatement] = {}
         self._closed = False
         self.interceptor: Interceptor | None = None
+        self.direct: DirectSender | None = None
+        if direct:
+            self.direct = DirectSender(session, asyncio.get_running_loop(), self._driver_send)
 
     # --- connecting and closing ----------------------------------------------
 
@@ -186,6 +192,7 @@ class CqlSession:
         serial_consistency: str = "SERIAL",
         request_timeout_s: float = 5.0,
         node_routes: NodeRoutes | None = None,
+        direct: bool = True,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""
         if not contact_points:
@@ -243,7 +250,7 @@ class CqlSession:
             what = "authentication failed" if _is_auth(exc) else "cannot connect to the cluster"
             raise StoreUnavailable(f"scylla: {what} ({type(exc).__name__})") from None
         session.default_fetch_size = None  # every query carries its own LIMIT
-        return cls(cluster, session, keyspace, requests, serial, request_timeout_s)
+        return cls(cluster, session, keyspace, requests, serial, request_timeout_s, direct=direct)
 
     @property
     def session_id(self) -> str:
@@ -287,28 +294,24 @@ class CqlSession:
         """A plain read or, with ``serial``, a linearizable one. Serial reads
         decide refused or unknown conditional writes, so when one fails the
         outcome stays unknown: StoreOutcomeUnknown."""
-        bound = self._prepared[name].bind(params)
-        bound.is_idempotent = True
-        if serial:
-            bound.consistency_level = self._serial
+        call = Call(
+            ((self._prepared[name], params),),
+            consistency=self._serial if serial else None,
+            idempotent=True,
+        )
         self.requests["serial_read" if serial else "statement"] += 1
-        return await self._run(name, bound, "serial" if serial else "read")
+        return await self._run(name, call, "serial" if serial else "read")
 
     async def write(self, name: str, params: Params) -> None:
         """A plain, idempotent write."""
-        bound = self._prepared[name].bind(params)
-        bound.is_idempotent = True
         self.requests["statement"] += 1
-        await self._run(name, bound, "write")
+        await self._run(name, Call(((self._prepared[name], params),), idempotent=True), "write")
 
     async def write_batch(self, items: Sequence[tuple[str, Params]]) -> None:
         """Plain writes to one partition, applied together (an unlogged batch)."""
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for name, params in items:
-            batch.add(self._prepared[name], params)
-        batch.is_idempotent = True
+        call = Call(self._items(items), batch=True, idempotent=True)
         self.requests["statement"] += 1
-        await self._run(f"batch:{items[0][0]}", batch, "write")
+        await self._run(f"batch:{items[0][0]}", call, "write")
 
     async def cas(self, name: str, params: Params) -> bool:
         """A conditional statement; True when applied.
@@ -324,7 +327,7 @@ class CqlSession:
         values of the columns the condition tested (ScyllaDB and Cassandra differ
         in what else they return, so callers treat them as hints only)."""
         self.requests["lwt"] += 1
-        rows = await self._run(name, self._prepared[name].bind(params), "cas")
+        rows = await self._run(name, Call(((self._prepared[name], params),)), "cas")
         return _applied(rows), rows
 
     async def cas_batch(self, items: Sequence[tuple[str, Params]]) -> bool:
@@ -333,13 +336,13 @@ class CqlSession:
 
     async def cas_batch_rows(self, items: Sequence[tuple[str, Params]]) -> tuple[bool, list[Row]]:
         """``cas_batch``, with the rows the server returned (see ``cas_rows``)."""
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        prepared = self._prepared
-        for name, params in items:
-            batch.add(prepared[name], params)
         self.requests["lwt"] += 1
-        rows = await self._run(f"batch:{items[0][0]}", batch, "cas")
+        rows = await self._run(f"batch:{items[0][0]}", Call(self._items(items), batch=True), "cas")
         return _applied(rows), rows
+
+    def _items(self, items: Sequence[tuple[str, Params]]) -> list[tuple[PreparedStatement, Params]]:
+        prepared = self._prepared
+        return [(prepared[name], params) for name, params in items]
 
     async def simple(
         self, cql: str, params: Params = (), *, timeout_s: float | None = None, raw: bool = False
@@ -350,7 +353,7 @@ class CqlSession:
         statement = SimpleStatement(cql if raw else cql.format(ks=self.keyspace))
         self.requests["statement"] += 1
         try:
-            return await self._send(statement, params, timeout_s or self._timeout)
+            return await self._driver_send(statement, timeout_s or self._timeout, params)
         except RequestValidationException as exc:
             raise StoreSchemaError(
                 f"scylla: schema statement rejected ({type(exc).__name__})"
@@ -358,18 +361,28 @@ class CqlSession:
         except DRIVER_ERRORS as exc:
             raise _translate(exc, "read") from None
 
-    async def _run(self, name: str, statement: Any, mode: Mode) -> list[Row]:
+    async def _run(self, name: str, call: Call, mode: Mode) -> list[Row]:
         if self._closed:
             raise StoreUnavailable("scylla: the backend is closed")
         try:
             if self.interceptor is None:
-                return await self._send(statement, None, self._timeout)
-            return await self.interceptor(name, lambda: self._send(statement, None, self._timeout))
+                return await self._send(call)
+            return await self.interceptor(name, lambda: self._send(call))
         except DRIVER_ERRORS as exc:
             raise _translate(exc, mode) from None
 
-    def _send(
-        self, statement: Any, params: Params | None, limit_s: float
+    def _send(self, call: Call) -> asyncio.Future[list[Row]]:
+        """The request as an asyncio future: straight onto a pooled connection
+        (``direct.py``) or, when that path cannot send it, through the driver's
+        ``execute_async``."""
+        if self.direct is not None:
+            sent = self.direct.send(call, self._timeout)
+            if sent is not None:
+                return sent
+        return self._driver_send(call.statement(), self._timeout)
+
+    def _driver_send(
+        self, statement: Any, limit_s: float, params: Params | None = None
     ) -> asyncio.Future[list[Row]]:
         """The driver's request as an asyncio future. Its callbacks run on this loop
         (``reactor.py``), so they resolve the future directly; the driver's own

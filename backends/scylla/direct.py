@@ -1,0 +1,413 @@
+"""Prepared EXECUTEs and BATCHes sent straight onto a pooled connection.
+
+The driver's ``Session.execute_async`` builds a ``ResponseFuture`` per
+request: an ``Event``, a ``Condition``, a callback list, a query-plan
+iterator, a ``partial`` per attempt, retry and speculative-execution
+bookkeeping. Profiled on a fresh commit (docs/performance.md, "Scylla commit
+cost"), that machinery was about a third of the event loop's CPU. None of it
+is used here: the driver never retries (``FallthroughRetryPolicy``) and every
+request is awaited by one coroutine.
+
+``DirectSender.send`` does what the driver does for one attempt, and nothing
+else:
+
+* the coordinator is the first host of the execution profile's own
+  load-balancing plan (token-aware, local DC, LWTs unshuffled), so routing is
+  the driver's;
+* the stream id is borrowed from that host's pool with the routing key and
+  token (Scylla shard awareness), and given back on the response;
+* the message is the driver's own ``ExecuteMessage`` / ``BatchMessage``, with
+  the statement's (else the profile's) consistency levels and the cluster's
+  client timestamp, encoded and decoded by the session's protocol handler;
+* the timeout is a ``loop.call_later`` handle. On expiry the stream id is
+  orphaned exactly as the driver does (a late response must not be taken for
+  the next request's), and the request fails with ``OperationTimedOut``;
+* errors are the driver's: an error response becomes its ``to_exception()``
+  (``WriteTimeout``, ``Unavailable``, ...) or the ``ErrorMessage`` itself, a
+  broken connection ``ConnectionShutdown`` / ``ConnectionException``.
+
+It returns ``None`` whenever it cannot send itself (no routing key or token
+map, the first host has no pool, no stream free, the connection busy or
+closed) and the caller goes through ``execute_async``, which tries the rest of
+the plan. An ``UNPREPARED`` answer is handed to the driver the same way: its
+path re-prepares on that host and runs the statement (the first EXECUTE was
+not executed). Nothing is sent twice: a fallback happens only before a frame
+is queued, or on a response that proves the statement did not run.
+
+Responses are decoded on the loop thread (``reactor.py``); a connection that
+breaks may fail its requests from a driver thread, so every completion is
+moved onto the loop first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cassandra import ConsistencyLevel, OperationTimedOut
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
+from cassandra.connection import ConnectionBusy, ConnectionException, ConnectionShutdown
+from cassandra.policies import HostDistance
+from cassandra.pool import NoConnectionsAvailable
+from cassandra.protocol import (
+    RESULT_KIND_ROWS,
+    RESULT_KIND_VOID,
+    BatchMessage,
+    ErrorMessage,
+    ExecuteMessage,
+    PreparedQueryNotFound,
+    ResultMessage,
+)
+from cassandra.query import (
+    UNSET_VALUE,
+    BatchStatement,
+    BatchType,
+    BoundStatement,
+    PreparedStatement,
+    dict_factory,
+)
+
+Rows = list[dict[str, Any]]
+Params = Sequence[object]
+DriverSend = Callable[[Any, float], "asyncio.Future[Rows]"]
+"""``(statement, timeout_s)``: send through ``execute_async`` (the driver's own path)."""
+
+_BORROW_TIMEOUT_S = 2.0  # the driver's own, in ResponseFuture._query
+_NOT_SENT = (NoConnectionsAvailable, ConnectionBusy, ConnectionShutdown, NoHostAvailable)
+_LOCAL = (HostDistance.LOCAL_RACK, HostDistance.LOCAL)
+_PROTOCOL = 4  # CqlSession.connect pins it
+
+
+class Call:
+    """One request: a prepared statement and its values, or an unlogged batch of them."""
+
+    __slots__ = ("batch", "consistency", "idempotent", "items")
+
+    def __init__(
+        self,
+        items: Sequence[tuple[PreparedStatement, Params]],
+        *,
+        batch: bool = False,
+        consistency: int | None = None,
+        idempotent: bool = False,
+    ) -> None:
+        self.items = items
+        self.batch = batch
+        self.consistency = consistency
+        self.idempotent = idempotent
+
+    def statement(self) -> BoundStatement | BatchStatement:
+        """The driver's statement for the same request (``execute_async``)."""
+        if self.batch:
+            statement: BoundStatement | BatchStatement = BatchStatement(
+                batch_type=BatchType.UNLOGGED
+            )
+            for prepared, params in self.items:
+                statement.add(prepared, params)
+        else:
+            prepared, params = self.items[0]
+            statement = prepared.bind(params)
+        if self.consistency is not None:
+            statement.consistency_level = self.consistency
+        statement.is_idempotent = self.idempotent
+        return statement
+
+
+class _Plan:
+    """What a prepared statement needs per request, worked out once."""
+
+    __slots__ = ("keyspace", "lwt", "prepared", "routing", "serializers", "table")
+
+    def __init__(self, prepared: PreparedStatement) -> None:
+        meta = prepared.column_metadata or ()
+        self.prepared = prepared
+        self.serializers = tuple(column.type.serialize for column in meta)
+        self.routing: tuple[int, ...] = tuple(prepared.routing_key_indexes or ())
+        self.keyspace = meta[0].keyspace_name if meta else None
+        self.table = meta[0].table_name if meta else None
+        self.lwt = prepared.is_lwt()
+
+    def encode(self, params: Params) -> list[bytes | None]:
+        """The bound values, as ``BoundStatement.bind`` serialises them; raises on
+        anything it does not handle itself (the driver's path then reports it)."""
+        if len(params) != len(self.serializers):
+            raise ValueError("not one value per bind marker")
+        values: list[Any] = [
+            value if value is None or value is UNSET_VALUE else serialize(value, _PROTOCOL)
+            for serialize, value in zip(self.serializers, params, strict=True)
+        ]
+        for index in self.routing:
+            if values[index] is None or values[index] is UNSET_VALUE:
+                raise ValueError("a partition key value is missing")
+        return values
+
+    def routing_key(self, values: list[bytes | None]) -> bytes | None:
+        routing = self.routing
+        if not routing:
+            return None
+        if len(routing) == 1:
+            return values[routing[0]]
+        return b"".join(
+            struct.pack(">H", len(part)) + part + b"\x00"
+            for part in (values[index] for index in routing)
+            if part is not None
+        )
+
+
+class DirectSender:
+    """One session's direct path; ``send`` runs on the loop thread only."""
+
+    def __init__(
+        self, session: Session, loop: asyncio.AbstractEventLoop, driver_send: DriverSend
+    ) -> None:
+        profile = session.cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT]
+        self._session = session
+        self._cluster = session.cluster
+        self._loop = loop
+        self._thread = threading.get_ident()
+        self._policy = profile.load_balancing_policy
+        self._cl = profile.consistency_level
+        self._serial_cl = profile.serial_consistency_level
+        self._handler = session.client_protocol_handler
+        self._plans: dict[int, _Plan] = {}
+        self._turn = 0
+        self.driver_send = driver_send
+        self.sent = 0
+        """Requests this path sent."""
+        self.passed: Counter[str] = Counter()
+        """Requests handed to ``execute_async`` instead, by reason."""
+
+    def send(self, call: Call, timeout_s: float) -> asyncio.Future[Rows] | None:
+        """The call's response as a future, or None: use ``driver_send`` instead."""
+        encoded = []
+        try:
+            for prepared, params in call.items:
+                plan = self._plan(prepared)
+                encoded.append((plan.encode(params), plan))
+        except Exception:  # the driver's bind reports it the driver's way
+            self.passed["values"] += 1
+            return None
+        values, plan = encoded[0]
+        routing_key = plan.routing_key(values)
+        token_map = self._cluster.metadata.token_map
+        keyspace = plan.keyspace or self._session.keyspace
+        if routing_key is None or token_map is None or keyspace is None:
+            self.passed["routing"] += 1
+            return None
+        token = token_map.token_class.from_key(routing_key)
+        ordered = call.consistency is not None and ConsistencyLevel.is_serial(call.consistency)
+        ordered = ordered or any(each.lwt for _, each in encoded)
+        host = self._coordinator(token_map.get_replicas(keyspace, token), ordered)
+        pool = self._session._pools.get(host) if host is not None else None
+        if pool is None or pool.is_shutdown:
+            self.passed["host"] += 1
+            return None
+        try:
+            connection, request_id = pool.borrow_connection(
+                timeout=_BORROW_TIMEOUT_S,
+                routing_key=routing_key,
+                keyspace=keyspace,
+                table=plan.table,
+                routing_token=token,
+            )
+        except _NOT_SENT:
+            self.passed["stream"] += 1
+            return None
+        request = _Request(self, call, host, pool, connection, request_id, timeout_s)
+        try:
+            connection.send_msg(
+                self._message(call, encoded),
+                request_id,
+                cb=request.on_response,
+                encoder=self._handler.encode_message,
+                decoder=self._handler.decode_message,
+                result_metadata=None if call.batch else plan.prepared.result_metadata,
+            )
+        except Exception:  # nothing was queued: the driver's path decides
+            _unborrow(pool, connection, request_id)
+            self.passed["connection"] += 1
+            return None
+        request.timer = self._loop.call_later(timeout_s, request.on_timeout)
+        self.sent += 1
+        return request.result
+
+    def _plan(self, prepared: PreparedStatement) -> _Plan:
+        plan = self._plans.get(id(prepared))
+        if plan is None or plan.prepared is not prepared:
+            plan = self._plans[id(prepared)] = _Plan(prepared)
+        return plan
+
+    def _coordinator(self, replicas: Sequence[Any], ordered: bool) -> Any:
+        """The first live local replica, as the token-aware policy orders them: in
+        ring order for LWTs and serial reads (one coordinator per partition keeps
+        Paxos rounds from competing), else taking turns."""
+        count = len(replicas)
+        if not count:
+            return None
+        first = 0
+        if count > 1 and not ordered:
+            first = self._turn % count
+            self._turn += 1
+        distance = self._policy.distance
+        for step in range(count):
+            host = replicas[(first + step) % count]
+            if host.is_up and distance(host) in _LOCAL:
+                return host
+        return None
+
+    def _message(self, call: Call, encoded: list[tuple[list[bytes | None], _Plan]]) -> Any:
+        cl = self._cl if call.consistency is None else call.consistency
+        serial = self._serial_cl
+        timestamp = None
+        if self._session.use_client_timestamp:
+            timestamp = self._cluster.timestamp_generator()
+        if call.batch:
+            queries = [(True, plan.prepared.query_id, values) for values, plan in encoded]
+            return BatchMessage(BatchType.UNLOGGED, queries, cl, serial, timestamp)
+        values, plan = encoded[0]
+        _, metadata_id = plan.prepared.result_metadata_and_id
+        return ExecuteMessage(
+            plan.prepared.query_id,
+            values,
+            cl,
+            serial,
+            self._session.default_fetch_size,
+            None,
+            timestamp,
+            skip_meta=False,  # rows always carry their metadata: nothing is decoded stale
+            result_metadata_id=metadata_id,
+            tablet_version_block=0,  # the keyspace has no tablets (schema.create_keyspace)
+        )
+
+    def on_loop(self) -> bool:
+        return threading.get_ident() == self._thread
+
+
+def _unborrow(pool: Any, connection: Any, request_id: int) -> None:
+    """Give back a stream id that carried nothing (the driver's path would leak it)."""
+    with connection.lock:
+        connection._requests.pop(request_id, None)
+        connection.request_ids.append(request_id)
+    pool.return_connection(connection)
+
+
+class _Request:
+    """One request in flight: its future, stream and timer."""
+
+    __slots__ = (
+        "_call",
+        "_connection",
+        "_host",
+        "_pool",
+        "_request_id",
+        "_sender",
+        "_timeout_s",
+        "result",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        sender: DirectSender,
+        call: Call,
+        host: Any,
+        pool: Any,
+        connection: Any,
+        request_id: int,
+        timeout_s: float,
+    ) -> None:
+        self._sender = sender
+        self._call = call
+        self._host = host
+        self._pool = pool
+        self._connection = connection
+        self._request_id = request_id
+        self._timeout_s = timeout_s
+        self.result: asyncio.Future[Rows] = sender._loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def on_response(self, response: Any) -> None:
+        if not self._sender.on_loop():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                self._sender._loop.call_soon_threadsafe(self.on_response, response)
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pool = self._pool
+        if not pool.is_shutdown:
+            pool.return_connection(self._connection)
+        if isinstance(response, ResultMessage):
+            self._settle_rows(response)
+        elif isinstance(response, PreparedQueryNotFound):
+            # Not executed: the driver's path re-prepares on that host and runs it.
+            self._sender.passed["unprepared"] += 1
+            self._chain(self._sender.driver_send(self._call.statement(), self._timeout_s))
+        elif isinstance(response, ErrorMessage):
+            self._fail(response.to_exception() if hasattr(response, "to_exception") else response)
+        elif isinstance(response, ConnectionException):
+            if not isinstance(response, ConnectionShutdown):
+                self._connection.defunct(response)
+            self._fail(response)
+        elif isinstance(response, Exception):
+            self._fail(response)
+        else:
+            error = ConnectionException(f"unexpected message {type(response).__name__}")
+            self._connection.defunct(error)
+            self._fail(error)
+
+    def _settle_rows(self, response: ResultMessage) -> None:
+        if response.kind == RESULT_KIND_ROWS:
+            self._note_metadata(response)
+            rows: Rows = dict_factory(response.column_names, response.parsed_rows)
+        elif response.kind == RESULT_KIND_VOID:
+            rows = []
+        else:  # SET_KEYSPACE / SCHEMA_CHANGE: never the answer to our DML
+            rows = []
+        if not self.result.done():
+            self.result.set_result(rows)
+
+    def _note_metadata(self, response: ResultMessage) -> None:
+        """METADATA_CHANGED (Scylla's metadata-id extension): keep the statement's
+        cached metadata and its id as one pair, as the driver does."""
+        new_id = getattr(response, "result_metadata_id", None)
+        if new_id is None or self._call.batch:
+            return
+        if response.column_metadata:
+            self._call.items[0][0].update_result_metadata(response.column_metadata, new_id)
+
+    def _chain(self, inner: asyncio.Future[Rows]) -> None:
+        def done(future: asyncio.Future[Rows]) -> None:
+            if self.result.done():
+                return
+            if future.cancelled():
+                self.result.cancel()
+            elif future.exception() is not None:
+                self.result.set_exception(future.exception())  # type: ignore[arg-type]
+            else:
+                self.result.set_result(future.result())
+
+        inner.add_done_callback(done)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.result.done():
+            self.result.set_exception(exc)
+
+    def on_timeout(self) -> None:
+        """The driver's timeout: orphan the stream (a late answer is dropped), then fail."""
+        self.timer = None
+        connection = self._connection
+        if connection._requests.pop(self._request_id, None) is not None:
+            with connection.lock:
+                connection.orphaned_request_ids.add(self._request_id)
+                if len(connection.orphaned_request_ids) >= connection.orphaned_threshold:
+                    connection.orphaned_threshold_reached = True
+            if not self._pool.is_shutdown:
+                self._pool.return_connection(connection, stream_was_orphaned=True)
+        errors = {str(self._host.endpoint): "Client request timeout"}
+        self._fail(OperationTimedOut(errors, self._host))

@@ -1,0 +1,170 @@
+"""The direct EXECUTE/BATCH path (``backends/scylla/direct.py``) against a real CQL node.
+
+Each case checks one promise of the module: what it sends goes straight onto
+a pooled connection and reads back right; what it cannot send goes through
+the driver, which then behaves as before (re-preparing, reporting bad values);
+a timed-out stream stays orphaned until its late answer arrives; a broken
+connection fails every request on it, also from a driver thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from cassandra import OperationTimedOut
+from cassandra.connection import ConnectionException, ConnectionShutdown
+
+from backends.scylla.direct import Call, DirectSender
+from backends.scylla.session import CqlSession
+from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
+from tests.servers.cql_server import ScyllaHarness
+
+pytestmark = pytest.mark.scylla
+
+STATEMENTS = {
+    "put": "INSERT INTO {ks}.%s (a, b, c, v) VALUES (?, ?, ?, ?)",
+    "put_new": "INSERT INTO {ks}.%s (a, b, c, v) VALUES (?, ?, ?, ?) IF NOT EXISTS",
+    "bump": "UPDATE {ks}.%s SET v = ? WHERE a = ? AND b = ? AND c = ? IF v = ?",
+    "get": "SELECT c, v FROM {ks}.%s WHERE a = ? AND b = ?",
+}
+
+
+@pytest.fixture
+async def cql(scylla: ScyllaHarness) -> AsyncIterator[CqlSession]:
+    """A session with a table of its own, keyed by (a, b), in the suite's keyspace."""
+    table = f"probe_{uuid.uuid4().hex[:10]}"
+    session = await CqlSession.connect(
+        [scylla.host], port=scylla.port, keyspace=scylla.keyspace, requests=Counter()
+    )
+    session.probe = table  # type: ignore[attr-defined]
+    try:
+        await _create_probe(session)
+        await session.prepare({name: cql % table for name, cql in STATEMENTS.items()})
+        yield session
+    finally:
+        await session.simple(f"DROP TABLE IF EXISTS {{ks}}.{table}", timeout_s=30)
+        await session.close()
+
+
+async def _create_probe(session: CqlSession) -> None:
+    table = session.probe  # type: ignore[attr-defined]
+    await session.simple(
+        f"CREATE TABLE {{ks}}.{table} (a text, b text, c int, v int, PRIMARY KEY ((a, b), c))",
+        timeout_s=30,
+    )
+
+
+def _direct(session: CqlSession) -> DirectSender:
+    assert session.direct is not None
+    return session.direct
+
+
+def _call(session: CqlSession, name: str, *params: object) -> Call:
+    return Call(((session._prepared[name], params),))
+
+
+async def test_statements_and_batches_go_direct_and_read_back(cql: CqlSession) -> None:
+    direct = _direct(cql)
+    await cql.write("put", ("a", "b", 1, 10))
+    await cql.write_batch([("put", ("a", "b", 2, 20)), ("put", ("a", "b", 3, 30))])
+    assert await cql.cas("put_new", ("a", "b", 4, 40))
+    assert not await cql.cas("put_new", ("a", "b", 4, 41))
+    applied, rows = await cql.cas_rows("bump", (11, "a", "b", 1, 99))
+    assert not applied and rows[0]["v"] == 10  # a refusal returns the tested column
+    assert await cql.cas_batch([("bump", (12, "a", "b", 1, 10)), ("bump", (21, "a", "b", 2, 20))])
+    plain = await cql.read("get", ("a", "b"))
+    serial = await cql.read("get", ("a", "b"), serial=True)
+    expected = [{"c": 1, "v": 12}, {"c": 2, "v": 21}, {"c": 3, "v": 30}, {"c": 4, "v": 40}]
+    assert plain == serial == expected
+    assert await cql.read("get", ("a", "other")) == []
+    assert direct.sent == 9 and not direct.passed
+
+
+async def test_the_routing_key_is_the_drivers(cql: CqlSession) -> None:
+    """A composite partition key is packed as BoundStatement packs it, so the
+    request goes to the same replica and shard."""
+    prepared = cql._prepared["put"]
+    for a, b in [("a", "b"), ("", "x"), ("long" * 40, "é")]:
+        plan = _direct(cql)._plan(prepared)
+        params = (a, b, 1, None)
+        assert plan.routing_key(plan.encode(params)) == prepared.bind(params).routing_key
+
+
+async def test_an_unprepared_statement_is_reprepared_by_the_driver(
+    scylla: ScyllaHarness, cql: CqlSession
+) -> None:
+    await cql.write("put", ("a", "b", 1, 10))
+    # Dropping the table makes the node forget the statements prepared on it.
+    await cql.simple(f"DROP TABLE {{ks}}.{cql.probe}", timeout_s=30)  # type: ignore[attr-defined]
+    await _create_probe(cql)
+    await cql.write("put", ("a", "b", 2, 20))
+    assert await cql.read("get", ("a", "b")) == [{"c": 2, "v": 20}]
+    assert _direct(cql).passed["unprepared"] >= 1
+
+
+async def test_bad_values_are_reported_by_the_drivers_bind(cql: CqlSession) -> None:
+    with pytest.raises(TypeError, match="invalid type for column"):
+        await cql.write("put", ("a", "b", "not an int", 1))
+    assert _direct(cql).passed["values"] == 1
+    assert await cql.read("get", ("a", "b")) == []  # nothing was written
+
+
+async def test_a_timed_out_request_orphans_its_stream_until_the_answer_comes(
+    cql: CqlSession,
+) -> None:
+    direct = _direct(cql)
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    idle = connection.in_flight
+    sent = direct.send(_call(cql, "put_new", "a", "b", 1, 1), 0.0)  # expires before any answer
+    assert sent is not None
+    with pytest.raises(OperationTimedOut):
+        await sent
+    assert len(connection.orphaned_request_ids) == 1  # the answer has not come yet
+    for _ in range(200):  # the late answer frees the stream
+        if not connection.orphaned_request_ids:
+            break
+        await asyncio.sleep(0.01)
+    assert not connection.orphaned_request_ids and connection.in_flight == idle
+    # The conditional insert was applied on the node although its caller timed out:
+    # exactly why a timeout of a conditional write is an unknown outcome.
+    assert await cql.read("get", ("a", "b"), serial=True) == [{"c": 1, "v": 1}]
+
+
+async def test_a_timed_out_conditional_write_is_an_unknown_outcome(cql: CqlSession) -> None:
+    cql._timeout = 0.0  # every request expires before its answer can be read
+    with pytest.raises(StoreOutcomeUnknown):
+        await cql.cas("put_new", ("a", "b", 1, 1))
+    with pytest.raises(StoreUnavailable):
+        await cql.read("get", ("a", "b"))
+
+
+@pytest.mark.parametrize("from_thread", [False, True], ids=["on-the-loop", "from-a-thread"])
+async def test_a_broken_connection_fails_every_request_on_it(
+    cql: CqlSession, from_thread: bool
+) -> None:
+    direct = _direct(cql)
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    pending = [direct.send(_call(cql, "get", "a", f"b{i}"), 5.0) for i in range(3)]
+    assert all(p is not None for p in pending)
+    cut = ConnectionException("cut by the test")
+    if from_thread:  # the driver fails requests of a dead connection from its threads
+        await asyncio.to_thread(connection.defunct, cut)
+    else:
+        connection.defunct(cut)
+    results = await asyncio.gather(*(p for p in pending if p is not None), return_exceptions=True)
+    assert all(isinstance(r, ConnectionShutdown) for r in results), results
+    for _ in range(300):  # the driver reconnects; then requests go direct again
+        try:
+            assert await cql.read("get", ("a", "b")) == []
+            break
+        except StoreUnavailable:
+            await asyncio.sleep(0.05)
+    sent = direct.sent
+    await cql.read("get", ("a", "b"))
+    assert direct.sent == sent + 1
