@@ -84,10 +84,11 @@ async def test_every_node_is_reached_through_its_proxy(
             f"per request, {COMMITS} commits: {plain * 1000:.1f} ms direct,"
             f" {slowed * 1000:.1f} ms with {LATENCY_MS} ms on every proxy's replies"
         )
-        # Requests of a commit run one after another: each waits for a delayed reply, so
-        # each got slower by the latency. (Not "slowed > 2 x plain": a request's own time
-        # grows with the share of conditional ones, 4 of 10 per commit, and the load.)
-        assert slowed - plain >= 0.8 * LATENCY_MS / 1000
+        # Requests of a commit run one after another and each waits for a delayed reply,
+        # so each took at least the latency: every request went through a proxy. (Not
+        # "slowed - plain >= latency": on a loaded box the plain run has been slow enough,
+        # 97 ms per request against 205 ms slowed, to fail that.)
+        assert slowed >= 0.9 * LATENCY_MS / 1000
     finally:
         await backend.close()
 
