@@ -35,7 +35,7 @@ from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
 from service.domain.relay_worker import PartitionWork, Targets
 from service.relay_metrics import RelayMetrics
-from service.tasks import wait_event
+from service.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -321,9 +321,7 @@ class RelayRunner:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
             for task in pending:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if release:
             for h in held:
                 await self._release(h.work.lease)

@@ -19,7 +19,6 @@ finish while refusing new ones, the HTTP side closes, then the backend.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -51,6 +50,7 @@ from service.httpside import HttpSide
 from service.metrics import InstrumentedStore, ServiceMetrics
 from service.recovery import RecoveryLoop
 from service.relay import RelayRunner
+from service.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -208,9 +208,7 @@ class CommitServer:
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=LOOP_STOP_TIMEOUT_S)
             for task in pending:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         grace = self.config.shutdown_grace if grace_s is None else grace_s
         await self._server.stop(grace)
         await self.http.close()
