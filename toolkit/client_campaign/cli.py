@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     started = time.monotonic()
     results = asyncio.run(_run(args, options))
+    return _report_run(results, started, args)
+
+
+def _report_run(results: list[SeedResult], started: float, args: argparse.Namespace) -> int:
     return report(
         results,
         time.monotonic() - started,
@@ -72,12 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report_abandoned(results: list[SeedResult], started: float, args: argparse.Namespace) -> None:
     """A hung teardown would also hang the loop's shutdown: report now and exit."""
-    code = report(
-        results,
-        time.monotonic() - started,
-        clients=args.clients,
-        require_every_point=args.require_every_point,
-    )
+    code = _report_run(results, started, args)
     print(f"{len(ABANDONED)} seed(s) abandoned with a hung teardown; exiting", flush=True)
     sys.stderr.flush()
     os._exit(code or 1)
