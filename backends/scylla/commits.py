@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from backends.scylla.codec import Row, intent_from_row, state_of
+from backends.scylla.codec import BODY_COLUMNS, Row, intent_from_row, state_of
 from backends.scylla.history import History
 from backends.scylla.known import Known, KnownIntents
 from backends.scylla.session import CqlSession, Params
@@ -19,8 +19,34 @@ from service.domain.ids import CommitKey
 from service.domain.model import CommitIntent, CommitState, MessageRecord
 from service.domain.ports import Clock
 
+COLUMNS = (
+    "tenant",
+    "sender",
+    "cmid",
+    "conversation",
+    "identity",
+    "state",
+    "seq",
+    "message_id",
+    "server_ts_ms",
+    "created_at_ms",
+    *BODY_COLUMNS,
+    "recipients",
+    "membership_version",
+    "pub_stream",
+    "pub_position",
+    "expires_at_ms",
+    "rq_attempts",
+    "rq_due_ms",
+    "rq_problem",
+    "rq_quarantined",
+)
+"""Every column of ``commits``, named (a read that names its columns comes back
+without metadata: ``direct.py``); tests/scylla/test_schema.py checks the list."""
+
 STATEMENTS = {
-    "c.get": "SELECT * FROM {ks}.commits WHERE tenant = ? AND sender = ? AND cmid = ?",
+    "c.get": f"SELECT {', '.join(COLUMNS)} FROM {{ks}}.commits"
+    " WHERE tenant = ? AND sender = ? AND cmid = ?",
 }
 
 

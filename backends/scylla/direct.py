@@ -1,38 +1,46 @@
 """Prepared EXECUTEs and BATCHes sent straight onto a pooled connection.
 
-The driver's ``Session.execute_async`` builds a ``ResponseFuture`` per
-request: an ``Event``, a ``Condition``, a callback list, a query-plan
-iterator, a ``partial`` per attempt, retry and speculative-execution
-bookkeeping. Profiled on a fresh commit (docs/performance.md, "Scylla commit
-cost"), that machinery was about a third of the event loop's CPU. None of it
-is used here: the driver never retries (``FallthroughRetryPolicy``) and every
-request is awaited by one coroutine.
+The driver's ``Session.execute_async`` binds a ``BoundStatement`` and builds a
+``ResponseFuture`` per request: an ``Event``, a ``Condition``, a callback
+list, a query-plan generator, a ``partial`` per attempt, retry and
+speculative-execution bookkeeping. Profiled on a fresh commit
+(docs/performance.md, "Scylla commit cost"), that was about 45 % of the event
+loop's CPU, for machinery this backend never uses: the driver never retries
+(``FallthroughRetryPolicy``) and one coroutine awaits each request.
 
-``DirectSender.send`` does what the driver does for one attempt, and nothing
-else:
+``DirectSender.send`` does one attempt, with the driver's own parts:
 
-* the coordinator is the first host of the execution profile's own
-  load-balancing plan (token-aware, local DC, LWTs unshuffled), so routing is
-  the driver's;
+* values are serialised by the prepared statement's column types (``_Plan``,
+  worked out once per statement) and the routing key is packed as
+  ``BoundStatement`` packs it;
+* the coordinator is the first live local replica of the token: in ring
+  order for conditional statements and serial reads (one coordinator per
+  partition, as the token-aware policy keeps LWTs unshuffled), else in turn;
 * the stream id is borrowed from that host's pool with the routing key and
-  token (Scylla shard awareness), and given back on the response;
-* the message is the driver's own ``ExecuteMessage`` / ``BatchMessage``, with
-  the statement's (else the profile's) consistency levels and the cluster's
-  client timestamp, encoded and decoded by the session's protocol handler;
-* the timeout is a ``loop.call_later`` handle. On expiry the stream id is
-  orphaned exactly as the driver does (a late response must not be taken for
-  the next request's), and the request fails with ``OperationTimedOut``;
-* errors are the driver's: an error response becomes its ``to_exception()``
+  token (Scylla's shard awareness), and given back with the answer;
+* the message is the driver's ``ExecuteMessage`` / ``BatchMessage`` with the
+  profile's consistency levels and the cluster's client timestamp, encoded
+  and decoded by the session's protocol handler. A SELECT that names its
+  columns asks for rows without metadata (``_ExecuteWithoutMetadata``);
+* the timeout is a deadline in one queue per session, swept by a single
+  ``loop.call_at`` timer (requests share the session's timeout, so deadlines
+  arrive in order; one that does not gets a timer of its own). On expiry
+  the stream id is orphaned exactly as the driver orphans it (a late answer
+  must not be taken for the next request's) and the request fails with
+  ``OperationTimedOut``;
+* errors are the driver's: an error answer becomes its ``to_exception()``
   (``WriteTimeout``, ``Unavailable``, ...) or the ``ErrorMessage`` itself, a
   broken connection ``ConnectionShutdown`` / ``ConnectionException``.
 
-It returns ``None`` whenever it cannot send itself (no routing key or token
-map, the first host has no pool, no stream free, the connection busy or
-closed) and the caller goes through ``execute_async``, which tries the rest of
-the plan. An ``UNPREPARED`` answer is handed to the driver the same way: its
-path re-prepares on that host and runs the statement (the first EXECUTE was
-not executed). Nothing is sent twice: a fallback happens only before a frame
-is queued, or on a response that proves the statement did not run.
+``send`` returns ``None`` whenever it cannot send (a value that does not
+serialise, no routing key or token map, no live local replica with a pool, no
+stream free, the connection closed or busy), and the caller goes through
+``execute_async``, which tries the rest of the plan and reports bad values
+its own way. An ``UNPREPARED`` answer is handed over the same way: the
+statement did not run, and the driver re-prepares it on that host and runs
+it. Nothing is sent twice: a request is handed over only before a frame is
+queued, or on an answer that proves the statement did not run.
+``DirectSender.passed`` counts the handovers by reason.
 
 Responses are decoded on the loop thread (``reactor.py``); a connection that
 breaks may fail its requests from a driver thread, so every completion is
@@ -43,9 +51,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import struct
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,6 +90,24 @@ _BORROW_TIMEOUT_S = 2.0  # the driver's own, in ResponseFuture._query
 _NOT_SENT = (NoConnectionsAvailable, ConnectionBusy, ConnectionShutdown, NoHostAvailable)
 _LOCAL = (HostDistance.LOCAL_RACK, HostDistance.LOCAL)
 _PROTOCOL = 4  # CqlSession.connect pins it
+_NAMED_COLUMNS = re.compile(r"\s*SELECT\s+(?!\*)", re.IGNORECASE)
+"""A SELECT that names its columns: its result columns cannot change under it."""
+
+
+class _ExecuteWithoutMetadata(ExecuteMessage):  # type: ignore[misc]  # the driver is untyped
+    """An EXECUTE whose rows come back without their metadata (the SKIP_METADATA
+    flag, in the protocol since v2); they are decoded with the metadata the
+    statement was prepared with.
+
+    Only for SELECTs that name their columns. With ``SELECT *`` a column added
+    after PREPARE would make the cached metadata stale, and on protocol v4 the
+    node cannot tell (CASSANDRA-10786; v5 and Scylla's metadata-id extension
+    add an id for that, and the driver itself only skips with the id). A
+    named column cannot change its type, and dropping it fails the statement.
+    """
+
+    def _should_skip_metadata(self, protocol_version: int, protocol_features: Any) -> bool:
+        return True
 
 
 class Call:
@@ -121,7 +148,7 @@ class Call:
 class _Plan:
     """What a prepared statement needs per request, worked out once."""
 
-    __slots__ = ("keyspace", "lwt", "prepared", "routing", "serializers", "table")
+    __slots__ = ("keyspace", "lwt", "prepared", "routing", "serializers", "skip_metadata", "table")
 
     def __init__(self, prepared: PreparedStatement) -> None:
         meta = prepared.column_metadata or ()
@@ -131,6 +158,9 @@ class _Plan:
         self.keyspace = meta[0].keyspace_name if meta else None
         self.table = meta[0].table_name if meta else None
         self.lwt = prepared.is_lwt()
+        self.skip_metadata = bool(prepared.result_metadata) and bool(
+            _NAMED_COLUMNS.match(prepared.query_string)
+        )
 
     def encode(self, params: Params) -> list[bytes | None]:
         """The bound values, as ``BoundStatement.bind`` serialises them; raises on
@@ -176,6 +206,8 @@ class DirectSender:
         self._handler = session.client_protocol_handler
         self._plans: dict[int, _Plan] = {}
         self._turn = 0
+        self._deadlines: deque[tuple[float, _Request]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
         self.driver_send = driver_send
         self.sent = 0
         """Requests this path sent."""
@@ -232,7 +264,7 @@ class DirectSender:
             _unborrow(pool, connection, request_id)
             self.passed["connection"] += 1
             return None
-        request.timer = self._loop.call_later(timeout_s, request.on_timeout)
+        self._expire_at(request, self._loop.time() + timeout_s)
         self.sent += 1
         return request.result
 
@@ -271,7 +303,8 @@ class DirectSender:
             return BatchMessage(BatchType.UNLOGGED, queries, cl, serial, timestamp)
         values, plan = encoded[0]
         _, metadata_id = plan.prepared.result_metadata_and_id
-        return ExecuteMessage(
+        message = _ExecuteWithoutMetadata if plan.skip_metadata else ExecuteMessage
+        return message(
             plan.prepared.query_id,
             values,
             cl,
@@ -279,10 +312,31 @@ class DirectSender:
             self._session.default_fetch_size,
             None,
             timestamp,
-            skip_meta=False,  # rows always carry their metadata: nothing is decoded stale
+            skip_meta=plan.skip_metadata,
             result_metadata_id=metadata_id,
             tablet_version_block=0,  # the keyspace has no tablets (schema.create_keyspace)
         )
+
+    def _expire_at(self, request: _Request, due: float) -> None:
+        queue = self._deadlines
+        if queue and due < queue[-1][0]:  # a shorter timeout than the one before
+            self._loop.call_at(due, request.on_timeout)
+            return
+        queue.append((due, request))
+        if self._sweeper is None:
+            self._sweeper = self._loop.call_at(due, self._sweep)
+
+    def _sweep(self) -> None:
+        """Time out what is due, drop what was answered, wait for the next deadline."""
+        self._sweeper = None
+        queue, now = self._deadlines, self._loop.time()
+        while queue:
+            due, request = queue[0]
+            if request.pending and due > now:
+                self._sweeper = self._loop.call_at(due, self._sweep)
+                return
+            queue.popleft()
+            request.on_timeout()  # does nothing when it was answered
 
     def on_loop(self) -> bool:
         return threading.get_ident() == self._thread
@@ -297,7 +351,7 @@ def _unborrow(pool: Any, connection: Any, request_id: int) -> None:
 
 
 class _Request:
-    """One request in flight: its future, stream and timer."""
+    """One request in flight: its future and stream."""
 
     __slots__ = (
         "_call",
@@ -307,8 +361,9 @@ class _Request:
         "_request_id",
         "_sender",
         "_timeout_s",
+        "borrowed",
+        "pending",
         "result",
-        "timer",
     )
 
     def __init__(
@@ -329,19 +384,24 @@ class _Request:
         self._request_id = request_id
         self._timeout_s = timeout_s
         self.result: asyncio.Future[Rows] = sender._loop.create_future()
-        self.timer: asyncio.TimerHandle | None = None
+        self.pending = True
+        """No answer yet (nor a timeout)."""
+        self.borrowed = True
+        """The stream is ours to give back (an answer gives it back, or a timeout
+        orphans it)."""
 
     def on_response(self, response: Any) -> None:
         if not self._sender.on_loop():
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 self._sender._loop.call_soon_threadsafe(self.on_response, response)
             return
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        pool = self._pool
-        if not pool.is_shutdown:
-            pool.return_connection(self._connection)
+        if self.borrowed:
+            self.borrowed = False
+            if not self._pool.is_shutdown:
+                self._pool.return_connection(self._connection)
+        if not self.pending:
+            return  # timed out already: the caller has its OperationTimedOut
+        self.pending = False
         if isinstance(response, ResultMessage):
             self._settle_rows(response)
         elif isinstance(response, PreparedQueryNotFound):
@@ -400,9 +460,14 @@ class _Request:
 
     def on_timeout(self) -> None:
         """The driver's timeout: orphan the stream (a late answer is dropped), then fail."""
-        self.timer = None
+        if not self.pending:
+            return
+        self.pending = False
         connection = self._connection
+        # No callback left means the connection is failing its requests: that answer is
+        # on its way and gives the stream back.
         if connection._requests.pop(self._request_id, None) is not None:
+            self.borrowed = False
             with connection.lock:
                 connection.orphaned_request_ids.add(self._request_id)
                 if len(connection.orphaned_request_ids) >= connection.orphaned_threshold:

@@ -72,17 +72,19 @@ _INSERT_TTL = (
     f"INSERT INTO {{ks}}.history ({', '.join(_VALUES)}, expires_at_ms)"
     f" VALUES ({', '.join('?' * (len(_VALUES) + 1))}) USING TTL ? AND TIMESTAMP ?"
 )
+READ_COLUMNS = (*_VALUES, "expires_at_ms")
+"""Every column of ``history``, named (a read that names its columns comes back
+without metadata: ``direct.py``); tests/scylla/test_schema.py checks the list."""
+_SELECT = f"SELECT {', '.join(READ_COLUMNS)} FROM {{ks}}.history"
 _WHERE = "WHERE tenant = ? AND conversation = ? AND bucket = ?"
 _CONV = "WHERE tenant = ? AND conversation = ?"
 
 STATEMENTS = {
     "hist.put": _INSERT,
     "hist.put_ttl": _INSERT_TTL,
-    "hist.get": f"SELECT * FROM {{ks}}.history {_WHERE} AND seq = ?",
-    "hist.forward": f"SELECT * FROM {{ks}}.history {_WHERE} AND seq >= ? AND seq <= ?"
-    " ORDER BY seq ASC LIMIT ?",
-    "hist.backward": f"SELECT * FROM {{ks}}.history {_WHERE} AND seq >= ? AND seq <= ?"
-    " ORDER BY seq DESC LIMIT ?",
+    "hist.get": f"{_SELECT} {_WHERE} AND seq = ?",
+    "hist.forward": f"{_SELECT} {_WHERE} AND seq >= ? AND seq <= ? ORDER BY seq ASC LIMIT ?",
+    "hist.backward": f"{_SELECT} {_WHERE} AND seq >= ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
     "exp.schedule": "INSERT INTO {ks}.history_expiry (tenant, conversation, expires_at_ms, seq)"
     " VALUES (?, ?, ?, ?) USING TTL ?",
     "exp.max_seq": "UPDATE {ks}.history_expiry USING TIMESTAMP ? SET max_committed_seq = ?"

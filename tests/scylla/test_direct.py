@@ -17,19 +17,25 @@ from collections.abc import AsyncIterator
 import pytest
 from cassandra import OperationTimedOut
 from cassandra.connection import ConnectionException, ConnectionShutdown
+from cassandra.protocol import ProtocolHandler
 
+from backends.scylla.commits import COLUMNS as COMMIT_COLUMNS
 from backends.scylla.direct import Call, DirectSender
+from backends.scylla.history import READ_COLUMNS as HISTORY_COLUMNS
 from backends.scylla.session import CqlSession
 from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
 from tests.servers.cql_server import ScyllaHarness
 
 pytestmark = pytest.mark.scylla
 
+SKIP_METADATA = 0x02  # the query flag (native protocol v4, section 4.1.4)
+
 STATEMENTS = {
     "put": "INSERT INTO {ks}.%s (a, b, c, v) VALUES (?, ?, ?, ?)",
     "put_new": "INSERT INTO {ks}.%s (a, b, c, v) VALUES (?, ?, ?, ?) IF NOT EXISTS",
     "bump": "UPDATE {ks}.%s SET v = ? WHERE a = ? AND b = ? AND c = ? IF v = ?",
     "get": "SELECT c, v FROM {ks}.%s WHERE a = ? AND b = ?",
+    "get_all": "SELECT * FROM {ks}.%s WHERE a = ? AND b = ?",
 }
 
 
@@ -168,3 +174,44 @@ async def test_a_broken_connection_fails_every_request_on_it(
     sent = direct.sent
     await cql.read("get", ("a", "b"))
     assert direct.sent == sent + 1
+
+
+async def test_a_read_that_names_its_columns_asks_for_rows_without_metadata(
+    cql: CqlSession,
+) -> None:
+    direct = _direct(cql)
+    named, star = (direct._plan(cql._prepared[n]) for n in ("get", "get_all"))
+    assert named.skip_metadata and not star.skip_metadata
+    assert not direct._plan(cql._prepared["put_new"]).skip_metadata
+    for plan, skipped in [(named, True), (star, False)]:
+        values = plan.encode(("a", "b"))
+        frame = ProtocolHandler.encode_message(
+            direct._message(Call(((plan.prepared, ("a", "b")),)), [(values, plan)]),
+            1,
+            4,
+            compressor=None,
+            allow_beta_protocol_version=False,
+            protocol_features=None,  # Cassandra: no Scylla extensions
+        )
+        body = frame[9:]
+        flags = body[2 + len(plan.prepared.query_id) + 2]  # [short bytes id][short cl][byte flags]
+        assert bool(flags & SKIP_METADATA) is skipped
+    await cql.write("put", ("a", "b", 1, 10))
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}]
+    assert await cql.read("get_all", ("a", "b")) == [{"a": "a", "b": "b", "c": 1, "v": 10}]
+
+
+@pytest.mark.parametrize(
+    ("table", "columns"), [("commits", COMMIT_COLUMNS), ("history", HISTORY_COLUMNS)]
+)
+async def test_the_backends_named_reads_name_every_column(
+    scylla: ScyllaHarness, cql: CqlSession, table: str, columns: tuple[str, ...]
+) -> None:
+    """They replaced ``SELECT *``: a column a migration adds must be added to them."""
+    rows = await cql.simple(
+        "SELECT column_name FROM system_schema.columns"
+        " WHERE keyspace_name = %s AND table_name = %s",
+        (scylla.keyspace, table),
+        raw=True,
+    )
+    assert sorted(columns) == sorted(r["column_name"] for r in rows)
