@@ -19,13 +19,9 @@ from service.domain.ids import CommitKey
 from service.domain.model import CommitIntent, CommitState, MessageRecord
 from service.domain.ports import Clock
 
-COLUMNS = (
-    "tenant",
-    "sender",
-    "cmid",
+INTENT_COLUMNS = (
     "conversation",
     "identity",
-    "state",
     "seq",
     "message_id",
     "server_ts_ms",
@@ -33,16 +29,23 @@ COLUMNS = (
     *BODY_COLUMNS,
     "recipients",
     "membership_version",
+)
+"""What reserve writes of an intent, besides its key and state."""
+QUEUE_COLUMNS = ("rq_attempts", "rq_due_ms", "rq_problem", "rq_quarantined")
+"""The recovery queue's bookkeeping on the intent."""
+COLUMNS = (
+    "tenant",
+    "sender",
+    "cmid",
+    "state",
+    *INTENT_COLUMNS,
     "pub_stream",
     "pub_position",
     "expires_at_ms",
-    "rq_attempts",
-    "rq_due_ms",
-    "rq_problem",
-    "rq_quarantined",
+    *QUEUE_COLUMNS,
 )
 """Every column of ``commits``, named (a read that names its columns comes back
-without metadata: ``direct.py``); tests/scylla/test_schema.py checks the list."""
+without metadata: ``direct.py``); tests/scylla/test_direct.py checks the list."""
 
 STATEMENTS = {
     "c.get": f"SELECT {', '.join(COLUMNS)} FROM {{ks}}.commits"

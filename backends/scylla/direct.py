@@ -269,8 +269,9 @@ class DirectSender:
         return request.result
 
     def _plan(self, prepared: PreparedStatement) -> _Plan:
+        # The plan holds its statement, so the id is never reused while it is here.
         plan = self._plans.get(id(prepared))
-        if plan is None or plan.prepared is not prepared:
+        if plan is None:
             plan = self._plans[id(prepared)] = _Plan(prepared)
         return plan
 

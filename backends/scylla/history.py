@@ -74,7 +74,7 @@ _INSERT_TTL = (
 )
 READ_COLUMNS = (*_VALUES, "expires_at_ms")
 """Every column of ``history``, named (a read that names its columns comes back
-without metadata: ``direct.py``); tests/scylla/test_schema.py checks the list."""
+without metadata: ``direct.py``); tests/scylla/test_direct.py checks the list."""
 _SELECT = f"SELECT {', '.join(READ_COLUMNS)} FROM {{ks}}.history"
 _WHERE = "WHERE tenant = ? AND conversation = ? AND bucket = ?"
 _CONV = "WHERE tenant = ? AND conversation = ?"

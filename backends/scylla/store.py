@@ -60,7 +60,7 @@ from backends.scylla.codec import (
     recipients_value,
     state_of,
 )
-from backends.scylla.commits import CommitRows, key_of
+from backends.scylla.commits import INTENT_COLUMNS, QUEUE_COLUMNS, CommitRows, key_of
 from backends.scylla.history import History, pin_removal, pin_write
 from backends.scylla.known import Known
 from backends.scylla.queue import RecoveryQueue
@@ -98,23 +98,9 @@ from service.domain.model import (
 from service.domain.ports import Clock, MessageStore, StoredCommit, StoreSettings
 
 _KEY = "WHERE tenant = ? AND sender = ? AND cmid = ?"
-_INTENT_SET = ", ".join(
-    f"{c} = ?"
-    for c in (
-        "conversation",
-        "identity",
-        "seq",
-        "message_id",
-        "server_ts_ms",
-        "created_at_ms",
-        *BODY_COLUMNS,
-        "recipients",
-        "membership_version",
-    )
-)
-_QUEUE_COLUMNS = ("rq_attempts", "rq_due_ms", "rq_problem", "rq_quarantined")
+_INTENT_SET = ", ".join(f"{c} = ?" for c in INTENT_COLUMNS)
 _DROP_BODY = ", ".join(
-    f"{c} = null" for c in (*BODY_COLUMNS, "created_at_ms", "recipients", *_QUEUE_COLUMNS)
+    f"{c} = null" for c in (*BODY_COLUMNS, "created_at_ms", "recipients", *QUEUE_COLUMNS)
 )
 
 STATEMENTS = {
