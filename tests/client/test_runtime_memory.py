@@ -122,6 +122,10 @@ async def _count(client: Client, n: int, conversation: str = "general") -> bool:
     return len(await client.rt.store.messages(conversation, limit=10_000)) >= n
 
 
+async def _fired(servers: MemoryServers, point: RelayPoint) -> bool:
+    return servers.faults.fired[point] > 0
+
+
 async def _expired_for(servers: MemoryServers, user: str, cursor: ServerCursor) -> bool:
     async with await admin(servers.target) as c:
         try:
@@ -275,10 +279,16 @@ async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
     assert [r.cmid for r in await history(servers.target, "general", "alice")] == ["old-send"]
 
 
-@pytest.mark.server(fanout_threshold=2, mailbox_max_entries=6)
+@pytest.mark.server(fanout_threshold=2, mailbox_max_entries=6, relay_batch=2)
 async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
     servers: MemoryServers, new_client: NewClient
 ) -> None:
+    """Bob is away while ten messages go to the big conversation's lane, which keeps
+    six entries. The relay is held off while they are sent, so its backlog is claimed
+    together, the worst case: a relay step writes one group per lane, retention cuts
+    only at group ends, so with the default batch the ten land as one group, the cut
+    stops at bob's cursor and he never expires. Groups of at most two make the trim
+    pass his cursor however the backlog is claimed."""
     async with await admin(servers.target) as c:
         await c.create_conversation(TENANT, "big", ["alice", "bob", "carol"])
     alice, bob = new_client("alice"), new_client("bob")
@@ -291,9 +301,15 @@ async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
     lanes = {c.lane for c in await bob.rt.store.cursors()}
     assert "conversation:big" in lanes
     await bob.crash()
+    # Hold the relay before any of the ten is claimed: it stops at its next claim,
+    # a message to another conversation, and the ten wait for the next relay.
+    servers.faults.arm(RelayPoint.AFTER_CLAIM)
+    await alice.send("general", "the relay stops here")
+    await eventually(lambda: _fired(servers, RelayPoint.AFTER_CLAIM))
     for i in range(10):
         await alice.send("big", f"while bob is away {i}")
     await eventually(lambda: no_pending(alice))
+    await servers.restart()  # a relay again, with the whole backlog waiting
     # ACKed is not delivered: wait until the relay's appends trimmed the lane past
     # bob's cursor, or bob, back early, would follow them as they come and not expire.
     await eventually(lambda: _expired_for(servers, "bob", ServerCursor("conversation:big", 1, 3)))
