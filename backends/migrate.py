@@ -62,9 +62,34 @@ async def _migrate_redis(args: argparse.Namespace, url: str) -> str:
     return f"redis prefix {args.prefix}: {done}; {deployment.shards} shards"
 
 
+def usage() -> str:
+    """Both forms of the command and every option of each: ``migrate --help``."""
+    from backends.scylla.migrate import _parser as scylla_parser
+
+    scylla = scylla_parser()
+    scylla.prog = "message-committer migrate --backend scylla"
+    return "\n".join(
+        [
+            "usage: message-committer migrate [--backend {scylla,redis}] [options]",
+            "",
+            "Prepare a backend's storage on purpose; the service never does it itself.",
+            "--backend scylla is the default (as in release 1). Exit codes: 0 done,",
+            "1 unavailable, 2 refused.",
+            "",
+            "== --backend scylla",
+            scylla.format_help(),
+            "== --backend redis",
+            _redis_parser().format_help(),
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     backend = "scylla"
+    if "--backend" not in args_list and {"-h", "--help"} & set(args_list):
+        print(usage())
+        return 0
     if "--backend" in args_list:
         at = args_list.index("--backend")
         if at + 1 >= len(args_list):

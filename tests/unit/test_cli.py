@@ -81,3 +81,22 @@ def test_the_relay_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "--relay-lease" in out and "--fanout-threshold" in out
+
+
+def test_migrate_help_shows_both_backends_and_their_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from backends import migrate
+
+    assert migrate.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for needle in (
+        "--backend scylla",
+        "--contact-points",
+        "--keyspace",
+        "--backend redis",
+        "--prefix",
+        "--shards",
+        "MC_REDIS_URL",
+    ):
+        assert needle in out, needle
