@@ -18,11 +18,14 @@ from service.domain.model import CommitIntent
 from service.domain.ports import Backend
 
 SLOW_S = 1.5
+STARTED = "slow put_record: started"
+"""Written to stderr (the process log) as the slow ``put_record`` begins."""
 
 
 class SlowStore(memory.MemoryMessageStore):
     async def put_record(self, intent: CommitIntent) -> None:
         if intent.conversation == "slow":
+            print(STARTED, file=sys.stderr, flush=True)
             await asyncio.sleep(SLOW_S)
         await super().put_record(intent)
 

@@ -15,6 +15,7 @@ from service.client import CommitClient
 from service.domain.errors import Unavailable
 from tests.e2e.conftest import health_watch, http_get
 from tests.e2e.process import ServeProcess, run_cli
+from tests.e2e.slow_serve import STARTED
 from tests.support import send
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +88,7 @@ async def test_sigterm_turns_health_not_serving_and_lets_in_flight_rpcs_finish()
                 in_flight = asyncio.create_task(
                     client.commit(send("t1", "slow", sender="alice", cmid="late"))
                 )
-                await asyncio.sleep(0.5)  # the commit is now inside the slow put_record
+                await _logged(process, STARTED)  # the commit is inside the slow put_record
                 process.process.terminate()
                 status = (await asyncio.wait_for(anext(stream), 5)).status
                 assert status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -115,6 +116,15 @@ async def test_the_subprocess_serves_metrics_and_probes(serve: ServeProcess) -> 
     assert (await http_get(serve.http + "/healthz")) == (200, "ok\n")
     async with CommitClient.connect(serve.target) as client:
         assert await client.health("message_committer.v1.MessageCommitterService") == "SERVING"
+
+
+async def _logged(process: ServeProcess, line: str, timeout_s: float = 20.0) -> None:
+    """Wait until the process's log holds ``line`` (polled; bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while line not in process.log():
+        assert loop.time() < deadline, f"{line!r} not logged within {timeout_s}s"
+        await asyncio.sleep(0.02)
 
 
 def _closed_port() -> int:
