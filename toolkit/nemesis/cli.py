@@ -11,7 +11,9 @@ seed K+i (``toolkit/nemesis/schedule.py``; replay one with ``--seed K+i
 --schedules 1``), then heals everything, recovers, reads every conversation's whole
 history and runs both checkers: the project's own (``checker.py``) and porcupine
 (``linearizability.py``). Prints per schedule what fired and what was found; the last
-line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0.
+line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0, and also when
+a scheduled fault never began (the load outlasts --duration while faults remain, up to
+an overrun) or could not start, or the conversations could not be created.
 
 ``--sabotage identity`` runs the replicas from a copy of this checkout whose identity
 comparison always matches (``sabotage.py``; the service itself has no such switch),
@@ -48,6 +50,9 @@ CLOCK_OFFSETS_MS = (-2500, -1000, 1000, 2500)
 """Within the Scylla backend's 3 s skew guard: a replica further off refuses to serve."""
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
+MIN_OVERRUN_S = 60.0
+"""The load goes on at least this long past --duration while scheduled faults remain."""
+CREATE_TRIES = 20
 """How long the fault running at the end may take to end (a node restart on a busy box)."""
 READY_TIMEOUT_S = 90.0
 
@@ -86,6 +91,7 @@ class Nemesis:
         self.fired: dict[str, int] = {}
         self.unsupported: list[str] = []
         self.skipped = 0
+        self.failed: dict[str, int] = {}
 
     async def start(self) -> None:
         toxi = self.toxiproxy.start()
@@ -122,13 +128,19 @@ class Nemesis:
 
     async def apply(self, fault: Fault, history: HistoryWriter) -> None:
         assert self.topology is not None
+        started = True
         for t in fault.targets:
             history.fault(fault.kind, str(t), "start")
             try:
                 await self._begin(fault.kind, t)
             except Exception as exc:
                 print(f"  fault {fault.kind}[{t}] failed to start: {type(exc).__name__}: {exc}")
-        self.fired[fault.kind] = self.fired.get(fault.kind, 0) + 1
+                history.fault(fault.kind, str(t), "failed")
+                started = False
+        if started:
+            self.fired[fault.kind] = self.fired.get(fault.kind, 0) + 1
+        else:  # a fault that did not begin proves nothing: the run fails
+            self.failed[fault.kind] = self.failed.get(fault.kind, 0) + 1
         await asyncio.sleep(fault.for_s)
         for t in fault.targets:
             try:
@@ -177,7 +189,7 @@ class Nemesis:
         names = [f"conv{i}" for i in range(self.args.conversations)]
         async with CommitClient.connect(self.replicas[0].target, retry=NO_RETRY) as client:
             for name in names:
-                for _ in range(20):
+                for _ in range(CREATE_TRIES):
                     try:
                         await client.create_conversation(tenant, name, SENDERS)
                         break
@@ -185,6 +197,10 @@ class Nemesis:
                         break
                     except CommitError:
                         await asyncio.sleep(1.0)
+                else:  # every commit would be refused: a run without load proves nothing
+                    raise NemesisError(
+                        f"conversation {name} could not be created in {CREATE_TRIES} tries"
+                    )
         return names
 
     async def schedule(self, seed: int) -> tuple[int, int]:
@@ -204,16 +220,21 @@ class Nemesis:
         began = time.monotonic()
         clients = [asyncio.create_task(work.client(i + 1, stop)) for i in range(a.clients)]
 
+        # One fault after another: a slow node restart delays the rest, and the load
+        # goes on past --duration until the last one has ended, up to an overrun.
+        hard_end = began + a.duration + max(a.duration, MIN_OVERRUN_S)
+
         async def nemesis() -> None:
-            for fault in faults:  # one after another: a slow node restart delays the rest
-                if time.monotonic() - began + MIN_FAULT_S > a.duration:
-                    self.skipped += 1  # out of time: never begin a fault after the end
+            for fault in faults:
+                if time.monotonic() + MIN_FAULT_S > hard_end:
+                    self.skipped += 1  # out of time even with the overrun: the run fails
                     continue
                 await asyncio.sleep(max(0.0, began + fault.at_s - time.monotonic()))
                 await self.apply(fault, history)
 
         faulting = asyncio.create_task(nemesis())
         await asyncio.sleep(a.duration)
+        await asyncio.wait({faulting}, timeout=max(0.0, hard_end - time.monotonic()))
         stop.set()
         await asyncio.wait_for(faulting, FAULT_END_TIMEOUT_S)
         await asyncio.wait_for(asyncio.gather(*clients), STOP_GRACE_S)
@@ -253,11 +274,16 @@ class Nemesis:
         self.toxiproxy.stop()
 
 
+class NemesisError(RuntimeError):
+    """The run could not do what it must to prove anything (no conversations, say)."""
+
+
 def _errors(counts: dict[str, int]) -> int:
     return sum(n for k, n in counts.items() if k.startswith("error "))
 
 
-async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int]:
+async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
+    """Anomalies found by each checker, and the faults that were scheduled and not proven."""
     nemesis = Nemesis(args, work)
     total_own = total_por = 0
     try:
@@ -269,13 +295,16 @@ async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int]:
             total_por += por
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.fired.items())) or "none"
         print(f"faults fired over {args.schedules} schedule(s): {kinds}")
-        if nemesis.skipped:
-            print(f"faults not begun (out of time after slow restarts): {nemesis.skipped}")
         for note in nemesis.unsupported:
             print(note)
+        if nemesis.skipped:
+            print(f"FAILED: faults not begun (out of time after slow restarts): {nemesis.skipped}")
+        if nemesis.failed:
+            failed = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.failed.items()))
+            print(f"FAILED: faults that could not start: {failed}")
     finally:
         nemesis.close()
-    return total_own, total_por
+    return total_own, total_por, nemesis.skipped + sum(nemesis.failed.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep_dir or Path(tempfile.mkdtemp(prefix="mc-nemesis-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        own, por = asyncio.run(_run(args, work))
-    except (ToxiproxyError, SabotageError) as exc:  # a missing tool or a stale sabotage
+        own, por, unproven = asyncio.run(_run(args, work))
+    except (ToxiproxyError, SabotageError, NemesisError) as exc:
         print(f"nemesis: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -297,4 +326,4 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"histories and logs kept in {work}")
     print(f"anomalies: {own} (checker), {por} (porcupine)")
-    return 1 if own + por else 0
+    return 1 if own + por + unproven else 0

@@ -15,7 +15,7 @@ Lines (every line has ``type``, ``wall_ms`` and ``mono_ns``; ``op`` ids are uniq
   written for this request), ``{"outcome": "unknown", "reason"}`` (a timeout or an
   UNAVAILABLE after the last retry: it may take effect later) or ``{"outcome":
   "not_found"}`` (a resume of a key that was never reserved).
-* ``{"type": "fault", "name", "target", "phase": "start" | "end"}``: what the nemesis
+* ``{"type": "fault", "name", "target", "phase": "start" | "failed" | "end"}``: what the nemesis
   did; checkers ignore these lines.
 
 Times: ``mono_ns`` is ``time.monotonic_ns()`` of the one process writing the history
@@ -182,7 +182,7 @@ class HistoryWriter:
     def not_found(self, op: int) -> None:
         self._write({"type": "complete", "op": op, "outcome": "not_found"})
 
-    def fault(self, name: str, target: str, phase: Literal["start", "end"]) -> None:
+    def fault(self, name: str, target: str, phase: Literal["start", "failed", "end"]) -> None:
         self._write({"type": "fault", "name": name, "target": target, "phase": phase})
 
     def close(self) -> None:
@@ -231,9 +231,11 @@ def load_file(path: Path) -> list[Op]:
 
 
 def fault_counts(path: Path) -> dict[str, int]:
-    """How often each fault kind started, from the history's fault lines."""
+    """How often each fault kind began, from the history's fault lines (a start whose
+    target then reported "failed" did not begin)."""
     counts: dict[str, int] = {}
     for line in read_lines(path):
-        if line["type"] == "fault" and line["phase"] == "start":
-            counts[line["name"]] = counts.get(line["name"], 0) + 1
-    return counts
+        if line["type"] == "fault" and line["phase"] in ("start", "failed"):
+            step = 1 if line["phase"] == "start" else -1
+            counts[line["name"]] = counts.get(line["name"], 0) + step
+    return {name: n for name, n in counts.items() if n > 0}
