@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
+from service.api.gate import GateInterceptor, WriteGate
 from service.api.interceptor import StatusInterceptor
 from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
@@ -90,6 +91,7 @@ class CommitServer:
         self.committer = committer
         self.metrics = metrics
         self.health = ReadinessHealthServicer()
+        self.gate = WriteGate()
         self.probe = ReadinessProbe(
             committer,
             self.health,
@@ -99,6 +101,7 @@ class CommitServer:
             services=SERVICES,
             interval_s=config.readiness_interval,
             timeout_s=config.readiness_timeout,
+            gate=self.gate,
         )
         self.recovery = RecoveryLoop(
             committer,
@@ -108,10 +111,15 @@ class CommitServer:
             interval_s=config.recovery_interval,
             grace_s=config.recovery_grace,
             batch=config.recovery_batch,
+            gate=self.gate,
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
+            interceptors=[
+                *interceptors,
+                StatusInterceptor(metrics, config.max_message_bytes),
+                GateInterceptor(self.gate),  # inside: a refusal is mapped and counted
+            ],
             options=[
                 # The transport refuses only requests over twice the limit; between
                 # the two, the interceptor answers from the error table, with ErrorInfo.
