@@ -19,6 +19,7 @@ import gc
 import logging
 import signal
 
+from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, StartupError
 from service.domain.committer import MessageCommitter
 from service.domain.errors import StoreSchemaError, StoreUnavailable
@@ -168,6 +169,8 @@ def build_server(
     """Wire one replica: metrics, the instrumented (and, tracing on, traced) store,
     the committer, the server."""
     clock = clock or SystemClock()
+    if backend.server_time is not None:  # the backend's clock decides, not this replica's
+        clock = BackendClock(clock, backend.server_time)
     metrics = ServiceMetrics()
     metrics.describe_backend(backend.name, backend.durable, backend.requests)
     backend = tracing.wrap_backend(backend)

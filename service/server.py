@@ -33,6 +33,7 @@ from service.api.interceptor import StatusInterceptor
 from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
+from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, read_file, split_address
 from service.domain.committer import MessageCommitter
 from service.domain.ports import Backend, Clock
@@ -86,6 +87,7 @@ class CommitServer:
         if backend.delivery is None:
             raise ValueError("a server needs its backend's delivery side")
         self.config = config
+        self.clock = clock
         self.backend = backend
         self.relay = relay
         self.committer = committer
@@ -179,6 +181,8 @@ class CommitServer:
     async def start(self) -> None:
         """Bind both ports, probe once, then serve. Raises ConfigError on a bad bind."""
         self.grpc_port = self._bind_grpc()
+        if isinstance(self.clock, BackendClock):
+            await self.clock.try_sync()  # before anything reads "now"
         await self.probe.probe_once()
         await self._server.start()
         host, port = split_address(self.config.http_address, "MC_HTTP_ADDRESS")
@@ -197,6 +201,9 @@ class CommitServer:
                 name="recovery-gauges",
             ),
         ]
+        if isinstance(self.clock, BackendClock):
+            sync = self.clock.run(self._stop_loops, self.config.readiness_interval)
+            self._loops.append(asyncio.create_task(sync, name="backend-clock"))
         if self.relay is not None:
             self._loops.append(asyncio.create_task(self._run_relay(), name="relay"))
 

@@ -140,5 +140,15 @@ async def open_redis_backend(
         requests=link.requests,
         delivery=ports,
     )
+    backend.server_time = lambda: server_time_ms(link)
     backend.closers.append(link.close)
     return backend
+
+
+async def server_time_ms(link: RedisLink) -> int:
+    """Redis's ``TIME`` in epoch milliseconds (the clock every script decides by)."""
+    reply = await link.call("TIME", write=False)
+    if not isinstance(reply, list | tuple) or len(reply) != 2:
+        raise StoreUnavailable("redis: TIME gave an unexpected reply")
+    seconds, micros = (int(part) for part in reply)
+    return seconds * 1000 + micros // 1000
