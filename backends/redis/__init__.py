@@ -145,9 +145,15 @@ async def open_redis_backend(
         requests=link.requests,
         delivery=ports,
     )
-    backend.server_time = lambda: server_time_ms(link)
+    backend.server_time = (
+        (lambda: _clock_ms(test_clock)) if test_clock is not None else lambda: server_time_ms(link)
+    )  # the clock the scripts decide by: a test's, else TIME
     backend.closers.append(link.close)
     return backend
+
+
+async def _clock_ms(clock: Clock) -> int:
+    return clock.now_ms()
 
 
 async def server_time_ms(link: RedisLink) -> int:
