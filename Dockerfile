@@ -78,7 +78,10 @@ ENV PATH="/opt/venv/bin:${PATH}" \
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it.
 RUN groupadd --system --gid 10001 committer \
     && useradd --system --uid 10001 --gid committer --no-create-home \
-        --home-dir /nonexistent --shell /usr/sbin/nologin committer
+        --home-dir /nonexistent --shell /usr/sbin/nologin committer \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/message-committer
+# /var/lib/message-committer: where compose keeps the Redis deployment identity
+# (a volume of its own, so wiping Redis's volume cannot take it along).
 
 COPY --from=builder /opt/venv /opt/venv
 

@@ -12,6 +12,12 @@ never does this itself: a Redis without an identity is refused at start-up,
 and one that loses its identity turns NOT_SERVING, so a wiped Redis is never
 mistaken for a new one. The URL comes from ``MC_REDIS_URL`` only (it may hold a
 password). Exit codes: 0 done, 1 unavailable, 2 refused.
+
+The deployment identity it prints is what the service must be told
+(``MC_REDIS_DEPLOYMENT``, in its secret, or ``MC_REDIS_DEPLOYMENT_FILE``, which
+this command writes): the wipe cannot take it along. With one configured, an
+empty prefix has served before, so it is refused (exit 2) unless
+``--new-deployment``; a prefix holding another identity is refused too.
 """
 
 from __future__ import annotations
@@ -45,21 +51,58 @@ def _redis_parser() -> argparse.ArgumentParser:
         help="re-mark shards whose data was lost (a Cluster node replaced empty); their"
         " conversations start over: only after deciding the data is gone for good",
     )
+    parser.add_argument(
+        "--new-deployment",
+        action="store_true",
+        help="initialise an empty prefix although the configuration names a deployment"
+        " (MC_REDIS_DEPLOYMENT/_FILE): its data is gone and a new deployment starts; the"
+        " service refuses it until its configuration names the new identity",
+    )
     return parser
+
+
+def _expected(file: str) -> str:
+    """The configured identity: MC_REDIS_DEPLOYMENT, else the file's content."""
+    value = os.environ.get("MC_REDIS_DEPLOYMENT", "").strip()
+    if value or not file:
+        return value
+    try:
+        with open(file, encoding="ascii") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _record(file: str, identity: str) -> None:
+    """Write ``identity`` to the deployment file (atomically), when one is configured."""
+    if not file:
+        return
+    temporary = f"{file}.tmp"
+    with open(temporary, "w", encoding="ascii") as handle:
+        handle.write(identity + "\n")
+    os.replace(temporary, file)
 
 
 async def _migrate_redis(args: argparse.Namespace, url: str) -> str:
     from backends.redis import open_link
     from backends.redis.deployment import initialise
 
+    file = os.environ.get("MC_REDIS_DEPLOYMENT_FILE", "")
+    expected = _expected(file)
     link = open_link(url)
     try:
         deployment, done = await initialise(
-            link, args.prefix, args.shards, accept_lost_shards=args.accept_lost_shards
-        )
+            link, args.prefix, args.shards, accept_lost_shards=args.accept_lost_shards,
+            expected=expected, new_deployment=args.new_deployment,
+        )  # fmt: skip
     finally:
         await link.close()
-    return f"redis prefix {args.prefix}: {done}; {deployment.shards} shards"
+    if deployment.identity != expected:
+        _record(file, deployment.identity)
+    return (
+        f"redis prefix {args.prefix}: {done}; {deployment.shards} shards;"
+        f" deployment {deployment.identity} (the service's MC_REDIS_DEPLOYMENT)"
+    )
 
 
 def usage() -> str:
@@ -113,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         print(asyncio.run(_migrate_redis(args, url)))
-    except ValueError as exc:
-        print(f"migrate: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        print(f"migrate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except StoreSchemaError as exc:
         print(f"migrate: {exc}", file=sys.stderr)

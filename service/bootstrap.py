@@ -19,6 +19,7 @@ import gc
 import logging
 import signal
 
+from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, StartupError
 from service.domain.committer import MessageCommitter
 from service.domain.errors import StoreSchemaError, StoreUnavailable
@@ -71,6 +72,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             wait_replicas=redis_wait_replicas(config),
             wait_timeout_ms=int(config.redis_wait_timeout * 1000),
             delivery=config.delivery_settings(),
+            deployment=_redis_deployment(config),
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
@@ -93,6 +95,19 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             delivery=config.delivery_settings(),
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
+
+
+def _redis_deployment(config: ServiceConfig) -> str | None:
+    """The deployment identity this replica is told it serves (None: not told)."""
+    identity = config.redis_deployment_identity()
+    if not identity:
+        log.warning(
+            "MC_REDIS_DEPLOYMENT is not set: this replica serves whatever deployment the"
+            " prefix holds, so a wiped Redis migrated again would be served as new; set it"
+            " to the identity `migrate --backend redis` printed"
+        )
+        return None
+    return identity
 
 
 def redis_wait_replicas(config: ServiceConfig) -> int:
@@ -168,6 +183,8 @@ def build_server(
     """Wire one replica: metrics, the instrumented (and, tracing on, traced) store,
     the committer, the server."""
     clock = clock or SystemClock()
+    if backend.server_time is not None:  # the backend's clock decides, not this replica's
+        clock = BackendClock(clock, backend.server_time)
     metrics = ServiceMetrics()
     metrics.describe_backend(backend.name, backend.durable, backend.requests)
     backend = tracing.wrap_backend(backend)

@@ -75,6 +75,16 @@ class ServiceConfig:
     redis_prefix: str = "mc"
     """Prefix of every Redis key this service writes."""
 
+    redis_deployment: str = ""
+    """The Redis deployment identity this service serves: printed by ``migrate
+    --backend redis``, kept in the service's configuration or secret. When set (or
+    MC_REDIS_DEPLOYMENT_FILE), a Redis holding any other identity is refused, so a
+    wiped Redis that was migrated again is never served as this deployment."""
+
+    redis_deployment_file: str = ""
+    """A file holding that identity, kept outside Redis (compose: its own volume);
+    ``migrate`` writes it when it initialises a deployment and checks it otherwise."""
+
     redis_max_connections: int = 128
     """Redis connections this replica may open; callers beyond it wait for a free one."""
 
@@ -314,6 +324,20 @@ class ServiceConfig:
             outbox_retention_ms=int(self.relay_outbox_retention * 1000),
             settle_window_ms=int(self.relay_settle_window * 1000),
         )
+
+    def redis_deployment_identity(self) -> str:
+        """MC_REDIS_DEPLOYMENT, else the content of MC_REDIS_DEPLOYMENT_FILE ("" if neither)."""
+        if self.redis_deployment:
+            return self.redis_deployment.strip()
+        if not self.redis_deployment_file:
+            return ""
+        try:
+            with open(self.redis_deployment_file, encoding="ascii") as handle:
+                return handle.read().strip()
+        except FileNotFoundError:
+            return ""
+        except (OSError, UnicodeDecodeError):
+            raise ConfigError("MC_REDIS_DEPLOYMENT_FILE cannot be read") from None
 
     def recovery_policy(self) -> RecoveryPolicy:
         return RecoveryPolicy(

@@ -25,6 +25,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from service.api.gate import WriteGate
 from service.domain.committer import MessageCommitter
 from service.metrics import ServiceMetrics
 
@@ -82,8 +83,11 @@ class ReadinessProbe:
         services: Sequence[str],
         interval_s: float,
         timeout_s: float,
+        gate: WriteGate | None = None,
     ) -> None:
+        """``gate`` follows the probe: closed on a fail-closed cause (``service.api.gate``)."""
         self._committer = committer
+        self._gate = gate or WriteGate()
         self._health = health
         self._metrics = metrics
         self._backend = backend
@@ -105,9 +109,11 @@ class ReadinessProbe:
         except Exception as exc:  # any failure of the probe means "not ready"
             cause = exc.__cause__ or exc  # the store's error, not its wrapper
             result = Readiness(False, f"{self._backend} backend not ready ({_reason(cause)})")
+            self._gate.observe(cause, result.reason)
         else:
             note = "" if self._durable else f"; {NOT_DURABLE_NOTE}"
             result = Readiness(True, f"ready: {self._backend} backend answers{note}")
+            self._gate.observe(None, "")
         self._metrics.ready.set(1 if result.ready else 0)
         await self._publish(result)
         return self.readiness

@@ -17,6 +17,7 @@ import logging
 import random
 from typing import Protocol
 
+from service.api.gate import WriteGate
 from service.domain.errors import StoreError
 from service.domain.model import RecoveryReport, RecoveryStats
 from service.domain.ports import Clock
@@ -55,7 +56,10 @@ class RecoveryLoop:
         batch: int,
         max_batches: int = 10,
         rng: random.Random | None = None,
+        gate: WriteGate | None = None,
     ) -> None:
+        """``gate``: a closed fail-closed gate skips runs (recovery writes too)."""
+        self._gate = gate or WriteGate()
         self._committer = committer
         self._store = store
         self._metrics = metrics
@@ -70,6 +74,7 @@ class RecoveryLoop:
         """One run: batches until one scans fewer than a batch (the queue's due
         part is drained), at most ``max_batches``; then the queue gauges."""
         total = RecoveryReport()
+        self._gate.check()
         for _ in range(self._max_batches):
             older_than = self._clock.now_ms() - self._grace_ms
             report = await self._committer.recover_due(older_than, self._batch)

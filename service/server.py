@@ -28,10 +28,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
+from service.api.gate import GateInterceptor, WriteGate
 from service.api.interceptor import StatusInterceptor
 from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
+from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, read_file, split_address
 from service.domain.committer import MessageCommitter
 from service.domain.ports import Backend, Clock
@@ -85,11 +87,13 @@ class CommitServer:
         if backend.delivery is None:
             raise ValueError("a server needs its backend's delivery side")
         self.config = config
+        self.clock = clock
         self.backend = backend
         self.relay = relay
         self.committer = committer
         self.metrics = metrics
         self.health = ReadinessHealthServicer()
+        self.gate = WriteGate()
         self.probe = ReadinessProbe(
             committer,
             self.health,
@@ -99,6 +103,7 @@ class CommitServer:
             services=SERVICES,
             interval_s=config.readiness_interval,
             timeout_s=config.readiness_timeout,
+            gate=self.gate,
         )
         self.recovery = RecoveryLoop(
             committer,
@@ -108,10 +113,15 @@ class CommitServer:
             interval_s=config.recovery_interval,
             grace_s=config.recovery_grace,
             batch=config.recovery_batch,
+            gate=self.gate,
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
+            interceptors=[
+                *interceptors,
+                StatusInterceptor(metrics, config.max_message_bytes),
+                GateInterceptor(self.gate),  # inside: a refusal is mapped and counted
+            ],
             options=[
                 # The transport refuses only requests over twice the limit; between
                 # the two, the interceptor answers from the error table, with ErrorInfo.
@@ -171,6 +181,8 @@ class CommitServer:
     async def start(self) -> None:
         """Bind both ports, probe once, then serve. Raises ConfigError on a bad bind."""
         self.grpc_port = self._bind_grpc()
+        if isinstance(self.clock, BackendClock):
+            await self.clock.try_sync()  # before anything reads "now"
         await self.probe.probe_once()
         await self._server.start()
         host, port = split_address(self.config.http_address, "MC_HTTP_ADDRESS")
@@ -189,6 +201,9 @@ class CommitServer:
                 name="recovery-gauges",
             ),
         ]
+        if isinstance(self.clock, BackendClock):
+            sync = self.clock.run(self._stop_loops, self.config.readiness_interval)
+            self._loops.append(asyncio.create_task(sync, name="backend-clock"))
         if self.relay is not None:
             self._loops.append(asyncio.create_task(self._run_relay(), name="relay"))
 

@@ -37,7 +37,7 @@ from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
 from backends.redis.store import RedisMessageStore
 from service.domain.delivery import DeliverySettings
-from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable
+from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable, StoreWiped
 from service.domain.ports import Backend, Clock, StoreSettings
 
 __all__ = ["SCRIPTS", "open_link", "open_redis_backend"]
@@ -82,6 +82,7 @@ async def open_redis_backend(
     wait_timeout_ms: int = 1000,
     test_clock: Clock | None = None,
     delivery: DeliverySettings | None = None,
+    deployment: str | None = None,
 ) -> Backend:
     """Connect, check the deployment identity and the eviction policy, load the scripts.
 
@@ -91,6 +92,8 @@ async def open_redis_backend(
     address, password, key or script. ``test_clock`` (tests only) replaces
     Redis's TIME in every script, so a test can drive retention exactly; the
     service never passes one: a replica's clock never decides anything here.
+    ``deployment``: the identity this service was told it serves; a prefix holding
+    another one is refused (StoreWiped), None checks nothing (tests).
     """
     try:
         check_prefix(prefix)
@@ -104,9 +107,11 @@ async def open_redis_backend(
     )
     try:
         await link.call("PING", write=False)
-        deployment = await read_deployment(link, prefix)
-        keys = KeySpace(prefix, deployment.shards)
-        await check_identity(link, keys, deployment.identity)
+        found = await read_deployment(link, prefix)
+        if deployment is not None and found.identity != deployment:
+            raise StoreWiped("redis: the prefix holds another deployment than the configured one")
+        keys = KeySpace(prefix, found.shards)
+        await check_identity(link, keys, found.identity)
         await check_eviction(link, allow=allow_eviction)
         await link.load_scripts(SCRIPTS)
     except StoreError as exc:
@@ -116,7 +121,7 @@ async def open_redis_backend(
         ):
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
-    calls = CommitCalls(link, keys, deployment.identity, test_clock)
+    calls = CommitCalls(link, keys, found.identity, test_clock)
     try:
         ports = await delivery_side(calls, delivery or DeliverySettings())
     except StoreError:
@@ -140,5 +145,21 @@ async def open_redis_backend(
         requests=link.requests,
         delivery=ports,
     )
+    backend.server_time = (
+        (lambda: _clock_ms(test_clock)) if test_clock is not None else lambda: server_time_ms(link)
+    )  # the clock the scripts decide by: a test's, else TIME
     backend.closers.append(link.close)
     return backend
+
+
+async def _clock_ms(clock: Clock) -> int:
+    return clock.now_ms()
+
+
+async def server_time_ms(link: RedisLink) -> int:
+    """Redis's ``TIME`` in epoch milliseconds (the clock every script decides by)."""
+    reply = await link.call("TIME", write=False)
+    if not isinstance(reply, list | tuple) or len(reply) != 2:
+        raise StoreUnavailable("redis: TIME gave an unexpected reply")
+    seconds, micros = (int(part) for part in reply)
+    return seconds * 1000 + micros // 1000

@@ -58,6 +58,46 @@ STATE_CODES: dict[CommitState, bytes] = {s: str(s.rank).encode() for s in Commit
 _STATES_BY_CODE = {code: state for state, code in STATE_CODES.items()}
 
 
+MAX_JSON_DEPTH = 8
+"""Nesting a stored document may have; a record needs 2. Deeper bytes are corrupt
+(``json`` would recurse on them until ``RecursionError``)."""
+
+
+def _loads(blob: bytes) -> Any:
+    """``json.loads`` with bounded nesting: StoreCorrupt (never RecursionError)
+    on a document nested deeper than MAX_JSON_DEPTH."""
+    if blob.count(b"[") + blob.count(b"{") > MAX_JSON_DEPTH and _depth(blob) > MAX_JSON_DEPTH:
+        raise StoreCorrupt("a stored document is nested too deeply")
+    try:
+        return json.loads(blob)
+    except RecursionError as exc:  # the bound above makes this unreachable; kept as a net
+        raise StoreCorrupt("a stored document is nested too deeply") from exc
+
+
+def _depth(blob: bytes) -> int:
+    """The deepest bracket nesting outside string literals (stops past the bound)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in blob:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                break
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def _dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
@@ -105,7 +145,7 @@ def _int(value: object) -> int:
 
 def decode_record(tenant: str, conversation: str, seq: int, blob: bytes) -> MessageRecord:
     try:
-        doc = json.loads(blob)
+        doc = _loads(blob)
         if not isinstance(doc, dict):
             raise StoreCorrupt("a stored record is not an object")
         ref_doc = doc.get("f")
@@ -159,7 +199,7 @@ def encode_delivery(delivery: FrozenDeliveryInput) -> bytes:
 
 def decode_delivery(blob: bytes) -> FrozenDeliveryInput:
     try:
-        doc = json.loads(blob)
+        doc = _loads(blob)
     except ValueError as exc:
         raise StoreCorrupt("a stored delivery could not be decoded") from exc
     if not isinstance(doc, dict):

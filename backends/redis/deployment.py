@@ -109,13 +109,36 @@ def _policy(reply: Any) -> str:
     return "unknown"
 
 
+WIPED_REFUSAL = (
+    "redis: this prefix holds no deployment, but the configuration names one"
+    " (MC_REDIS_DEPLOYMENT or MC_REDIS_DEPLOYMENT_FILE): it has served before and its"
+    " data was wiped; restore the data, or pass --new-deployment to start over on"
+    " purpose (acknowledged sends are then forgotten)"
+)
+
+
 async def initialise(
-    link: RedisLink, prefix: str, shards: int = DEFAULT_SHARDS, *, accept_lost_shards: bool = False
+    link: RedisLink,
+    prefix: str,
+    shards: int = DEFAULT_SHARDS,
+    *,
+    accept_lost_shards: bool = False,
+    expected: str = "",
+    new_deployment: bool = False,
 ) -> tuple[Deployment, str]:
-    """Initialise, upgrade or verify the deployment of ``prefix``; (deployment, what was done)."""
+    """Initialise, upgrade or verify the deployment of ``prefix``; (deployment, what was done).
+
+    ``expected`` is the identity the service's configuration names (the wipe cannot
+    take it): a prefix holding another identity is refused, and so is an empty
+    prefix, which has then served before, unless ``new_deployment``."""
     existing = codec.hash_reply(await link.call("HGETALL", f"{prefix}:meta", write=False))
     if existing:
         deployment = await read_deployment(link, prefix)
+        if expected and deployment.identity != expected:
+            raise StoreSchemaError(
+                "redis: this prefix holds another deployment than the configuration names;"
+                " point MC_REDIS_DEPLOYMENT at the right one (or the right Redis)"
+            )
         keys = KeySpace(prefix, deployment.shards)
         try:
             await check_identity(link, keys, deployment.identity)
@@ -126,7 +149,10 @@ async def initialise(
             return deployment, "re-marked lost shards (their data is gone)"
         return deployment, "already initialised"
     old = Release1Keys(prefix)
-    if await link.call("GET", old.schema, write=False) == b"1":
+    release1 = await link.call("GET", old.schema, write=False) == b"1"
+    if expected and not new_deployment and not release1:
+        raise StoreSchemaError(WIPED_REFUSAL)
+    if release1:
         if link.cluster:
             raise StoreSchemaError("redis: release 1 data can only be upgraded on standalone Redis")
         keys = KeySpace(prefix, shards)

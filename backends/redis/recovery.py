@@ -12,13 +12,15 @@ of the whole scan.
 from __future__ import annotations
 
 import heapq
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from backends.redis import codec
 from backends.redis.commits import CommitCalls
 from backends.redis.keys import KeySpace, ShardKeys
 from backends.redis.lua import script
-from service.domain.errors import StoreCorrupt, StoreError, StoreInvalid
+from service.domain.errors import StoreError, StoreInvalid
 from service.domain.ids import CommitKey
 from service.domain.model import (
     CommitState,
@@ -26,6 +28,18 @@ from service.domain.model import (
     RecoveryItem,
     RecoveryStats,
 )
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What reading a batch of members gave: items, pruned orphans, foreign members."""
+
+    items: list[RecoveryItem] = field(default_factory=list)
+    pruned: int = 0
+    skipped: int = 0
+
 
 DEFER = script(
     "defer_recovery",
@@ -65,7 +79,29 @@ return {'ok'}
 """,
 )
 
-SCRIPTS = (DEFER, RELEASE)
+PRUNE = script(
+    "prune_recovery",
+    """#!lua
+-- KEYS: id commit queue created attempts quarantine    ARGV: dep shift member
+-- A member whose commit hash is gone (evicted, deleted by hand) or committed
+-- belongs to no intent: it leaves every index, or it would hold the queue's
+-- head and the oldest-unfinished gauge forever. A live intent is never touched.
+--@prologue
+if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('HGET', KEYS[2], 'st') ~= '3' then
+  return {'live'}
+end
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[5], ARGV[3])
+redis.call('ZREM', KEYS[6], ARGV[3])
+return {'ok'}
+""",
+)
+
+SCRIPTS = (DEFER, RELEASE, PRUNE)
+MAX_SCAN_ROUNDS = 16
+"""Rounds of one scan: a round that pruned orphans or met foreign members
+reads further, so neither can hold the head of the queue."""
 MAX_TIES = 1000
 """Quarantined members read past a page token's score, for ties at that score."""
 
@@ -88,10 +124,27 @@ class RedisRecoveryQueue:
     async def scan(self, older_than_ms: int, max_items: int) -> list[RecoveryItem]:
         if max_items <= 0:
             return []
+        found: list[RecoveryItem] = []
+        skipped = 0  # members left in the queue that are no items: read past them
+        for _ in range(MAX_SCAN_ROUNDS):
+            chosen = await self._due(older_than_ms, max_items + skipped)
+            if not chosen:
+                return found
+            batch = await self._read(chosen, False)
+            found = batch.items
+            if len(found) >= max_items or len(chosen) < max_items + skipped:
+                return found[:max_items]
+            if batch.pruned == 0 and batch.skipped <= skipped:
+                return found
+            skipped = batch.skipped
+        return found[:max_items]
+
+    async def _due(self, older_than_ms: int, limit: int) -> list[tuple[bytes, ShardKeys]]:
+        """The ``limit`` oldest due members of all shards (one pipelined round trip)."""
         shards = self._keys.all_shards()
         replies = await self._link.pipeline(
             [
-                ("ZRANGE", s.queue, "-inf", f"({older_than_ms}", "BYSCORE", "LIMIT", 0, max_items,
+                ("ZRANGE", s.queue, "-inf", f"({older_than_ms}", "BYSCORE", "LIMIT", 0, limit,
                  "WITHSCORES")
                 for s in shards
             ],
@@ -100,35 +153,52 @@ class RedisRecoveryQueue:
         due: list[tuple[float, bytes, ShardKeys]] = []
         for shard, reply in zip(shards, replies, strict=True):
             due += [(score, member, shard) for member, score in codec.score_pairs(reply)]
-        chosen = heapq.nsmallest(max_items, due, key=lambda d: (d[0], d[1]))
-        return await self._items([(member, shard) for _, member, shard in chosen], False)
+        chosen = heapq.nsmallest(limit, due, key=lambda d: (d[0], d[1]))
+        return [(member, shard) for _, member, shard in chosen]
 
     async def _items(
         self, members: list[tuple[bytes, ShardKeys]], quarantined: bool
     ) -> list[RecoveryItem]:
-        """Read the intents of queue members (one pipelined round trip)."""
+        return (await self._read(members, quarantined)).items
+
+    async def _read(self, members: list[tuple[bytes, ShardKeys]], quarantined: bool) -> _Batch:
+        """Read the intents of queue members (one pipelined round trip); prune the
+        members whose commit hash is gone or committed."""
+        batch = _Batch()
         located = []
         for member, shard in members:
             try:
                 t, c, s, k = self._keys.parse_queue_member(codec.to_str(member))
             except (ValueError, StoreError):
+                batch.skipped += 1
                 continue  # not a member this release writes: leave it alone
             commit = self._keys.conversation(t, c).commit(s, k)
             located.append((CommitKey(t, s, k), c, member, shard, commit))
         if not located:
-            return []
+            return batch
         commands: list[tuple[Any, ...]] = []
         for _, _, member, shard, commit in located:
             commands += [("HGETALL", commit), ("HGET", shard.attempts, member)]
             commands.append(("ZSCORE", shard.created, member))
         replies = await self._link.pipeline(commands, write=False)
-        found = []
-        for i, (key, conv, _, _, _) in enumerate(located):
+        for i, (key, conv, member, shard, commit) in enumerate(located):
             fields, attempts, created = replies[3 * i : 3 * i + 3]
             item = self._item(key, conv, fields, attempts, created, quarantined)
             if item is not None:
-                found.append(item)
-        return found
+                batch.items.append(item)
+            elif await self._prune(member, shard, commit):
+                batch.pruned += 1
+        return batch
+
+    async def _prune(self, member: bytes, shard: ShardKeys, commit: str) -> bool:
+        word, _ = await self._calls.run(
+            PRUNE,
+            [shard.identity, commit, shard.queue, shard.created, shard.attempts, shard.quarantine],
+            [member],
+        )
+        if word == b"ok":
+            log.warning("recovery removed a queue entry whose intent is gone")
+        return word == b"ok"
 
     @staticmethod
     def _item(
@@ -143,7 +213,7 @@ class RedisRecoveryQueue:
             if codec.state_of(hash_fields) is CommitState.COMMITTED:
                 return None
             intent = codec.intent_of(hash_fields, key, conv)
-        except StoreCorrupt as exc:
+        except Exception as exc:
             return RecoveryItem(
                 key, conv, created_ms, count, None, problem or type(exc).__name__, quarantined
             )

@@ -151,6 +151,9 @@ async def open_scylla_backend(
         require_version(int(rows[0]["version"]) if rows else None)
         await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
 
+    async def clock_guard() -> None:
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
+
     commit_ttl_s = ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
     # A seq reservation must never outlive a committed intent (see sequence).
     seqs = SeqAllocator(cql, reservation_ttl_s=commit_ttl_s)
@@ -165,6 +168,7 @@ async def open_scylla_backend(
         identity_form,
         readiness,
         commit_ttl_s,
+        clock_guard,
     )
     return Backend(
         name="scylla",

@@ -16,13 +16,14 @@ write the same entry row, the loser's message id possibly last.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from backends.scylla.codec import Row
 from backends.scylla.commits import CommitRows, key_of
 from backends.scylla.history import BATCHED_RECORD_BYTES, History, pin_removal
 from backends.scylla.recovery import Entry, RecoveryIndex, quarantine_token
 from backends.scylla.session import Params
-from service.domain.errors import StoreCorrupt
+from service.domain.errors import StoreUnavailable
 from service.domain.ids import CommitKey
 from service.domain.model import (
     CommitState,
@@ -33,6 +34,7 @@ from service.domain.model import (
 )
 from service.domain.ports import Clock, StoreSettings
 
+log = logging.getLogger(__name__)
 _KEY = "WHERE tenant = ? AND sender = ? AND cmid = ?"
 STATEMENTS = {
     "c.defer": "UPDATE {ks}.commits SET rq_attempts = ?, rq_problem = ?, rq_due_ms = ?,"
@@ -45,6 +47,8 @@ ABSENT_ENTRY_GRACE_MS = 10 * 60_000
 JUDGE_CONCURRENCY = 32
 MAX_QUARANTINE_PAGES = 100
 PROBLEM_CHARS = 200
+VERIFIED_QUARANTINE = 100
+"""Up to this many quarantine rows, the gauge counts intents still quarantined."""
 
 
 def bookkeeping(
@@ -99,11 +103,22 @@ class RecoveryQueue:
         async for entries in self._recovery.due(older_than_ms, max_items):
             for start in range(0, len(entries), JUDGE_CONCURRENCY):
                 chunk = entries[start : start + JUDGE_CONCURRENCY]
-                judged = await asyncio.gather(*(self._judge(e, older_than_ms) for e in chunk))
+                judged = await asyncio.gather(*(self._judge_alone(e, older_than_ms) for e in chunk))
                 found += [item for item in judged if item is not None]
                 if len(found) >= max_items:
                     return found[:max_items]
         return found
+
+    async def _judge_alone(self, entry: Entry, older_than_ms: int) -> RecoveryItem | None:
+        """``_judge``, isolated: an outage fails the scan (no attempt is counted),
+        any other failure costs this entry only (it is judged again next scan)."""
+        try:
+            return await self._judge(entry, older_than_ms)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            log.warning("recovery could not judge a queue entry: %s", type(exc).__name__)
+            return None
 
     async def _judge(self, entry: Entry, older_than_ms: int) -> RecoveryItem | None:
         """The item of a due entry, or None after dealing with a stale one."""
@@ -208,7 +223,9 @@ class RecoveryQueue:
         problem = str(row.get("rq_problem") or "")
         try:
             intent = await self._rows.unfinished(key, row)
-        except (StoreCorrupt, ValueError, TypeError, KeyError) as exc:
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # any undecodable intent is this item's problem alone
             return RecoveryItem(key, conversation, created, attempts, None,
                                 problem or type(exc).__name__, quarantined)  # fmt: skip
         return RecoveryItem(key, conversation, created, attempts, intent, problem, quarantined)
@@ -235,12 +252,25 @@ class RecoveryQueue:
         entry = _entry_of_row(item.key, row, old_due)
         if quarantine:
             await self._into_quarantine(entry, row)
+            await self._unless_still_unfinished(item)
             return
         moved = Entry(due, *key_of(item.key), entry.conversation, entry.seq, entry.message_id,
                       entry.created_ms)  # fmt: skip
         await self._cql.write_batch(self._recovery.entry_writes(moved))
         if old_due != due:
             await self._rows.quietly([self._recovery.entry_removal(item.key, old_due)])
+
+    async def _unless_still_unfinished(self, item: RecoveryItem) -> None:
+        """A commit that raced this defer (its row read before the defer applied, its
+        bookkeeping run before the quarantine row was written) leaves a quarantine
+        row for a committed intent: read again, and take it back."""
+        after = self._rows.live(await self._rows.row(item.key, serial=True))
+        if (
+            after is None
+            or after.get("state") == CommitState.COMMITTED.value
+            or after.get("created_at_ms") != item.created_at_ms
+        ):
+            await self._rows.quietly([self._recovery.quarantine_removal(item.key)])
 
     async def quarantined(self, after: str, limit: int) -> QuarantinePage:
         items: list[RecoveryItem] = []
@@ -297,6 +327,11 @@ class RecoveryQueue:
             self._recovery.oldest_created(self._clock.now_ms()),
             self._recovery.quarantine_size(),
         )
+        if 0 < quarantined <= VERIFIED_QUARANTINE:
+            # A small quarantine is counted by listing it: listing drops rows whose
+            # intent was committed meanwhile (a defer/commit race), so the gauge and
+            # its alert never count one past the next refresh.
+            quarantined = len((await self.quarantined("", VERIFIED_QUARANTINE)).items)
         return RecoveryStats(oldest, quarantined)
 
 

@@ -139,7 +139,10 @@ class ScyllaMessageStore(MessageStore):
         identity_form: Literal["digest", "whole"],
         readiness: ReadinessProbe,
         commit_ttl_s: int,
+        clock_guard: ReadinessProbe | None = None,
     ) -> None:
+        """``clock_guard`` raises StoreMisconfigured when this replica's clock is
+        beyond the skew bound; it runs before every reserve over an expired key."""
         self._cql = cql
         self._sequence = sequence
         self._history = history
@@ -148,6 +151,7 @@ class ScyllaMessageStore(MessageStore):
         self._clock = clock
         self._whole_identity = identity_form == "whole"
         self._readiness = readiness
+        self._clock_guard = clock_guard
         self.commit_ttl_s = commit_ttl_s
         self._rows = CommitRows(cql, history, clock)
         self._queue = RecoveryQueue(self._rows, recovery, history, settings, clock)
@@ -208,6 +212,10 @@ class ScyllaMessageStore(MessageStore):
             if (live := self._rows.live(row)) is not None:
                 return await self._existing(request, live)
             stale = row  # an expired committed intent, or None
+            if stale is not None and self._clock_guard is not None:
+                # Expiry was judged by this replica's clock: a clock that jumped since
+                # the last probe must not re-reserve an ACKed key (issue 24 item 3).
+                await self._clock_guard()
             seq = await self._sequence.allocate(
                 key.tenant, request.conversation, key.sender, key.cmid,
                 stale.get("seq") if stale else None,

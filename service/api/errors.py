@@ -52,6 +52,11 @@ class RequestTooLarge(CommitError):
     """The request is over the server's size limit (``MC_MAX_MESSAGE_BYTES``)."""
 
 
+class FailClosed(Unavailable):
+    """Writes are refused: the backend is in a state that could lose ACKed data
+    (``service.api.gate``); the message says which, for the operator."""
+
+
 class RemoteError(CommitError):
     """(client side) A status outside the table: INTERNAL, DEADLINE_EXCEEDED, ..."""
 
@@ -85,6 +90,7 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     Recoverable: StatusRule(
         grpc.StatusCode.UNAVAILABLE, "COMMIT_RECOVERABLE", retry_after_s=UNAVAILABLE_RETRY_S
     ),
+    FailClosed: StatusRule(grpc.StatusCode.UNAVAILABLE, "FAIL_CLOSED", retry_after_s=1.0),
     CommitNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "COMMIT_NOT_FOUND"),
     ConversationNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "CONVERSATION_NOT_FOUND"),
     CursorExpired: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "CURSOR_EXPIRED"),

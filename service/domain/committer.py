@@ -40,7 +40,7 @@ from service.domain.errors import (
     StoreUnavailable,
     Unavailable,
 )
-from service.domain.faults import FaultPoint, FaultPoints
+from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash
 from service.domain.ids import CommitKey
 from service.domain.limits import CommitLimits, SenderQuota, validate_history_query, validate_send
 from service.domain.model import (
@@ -352,6 +352,13 @@ class MessageCommitter:
             except Recoverable as exc:
                 failed += 1
                 quarantined += await self._defer(item, f"{exc.cause} at {exc.reason}")
+            except InjectedCrash:
+                raise  # a simulated process crash ends the run, as a real one would
+            except Exception as exc:  # a defect met by one item costs that item only
+                failed += 1
+                log.error("recovery met an unexpected %s; the item is retried later",
+                          type(exc).__name__)  # fmt: skip
+                quarantined += await self._defer(item, f"{type(exc).__name__} at recovery")
         report = RecoveryReport(len(items), committed, failed, quarantined)
         self._observer.recovered(report)
         return report

@@ -348,6 +348,9 @@ class Backend:
     delivery: DeliveryPorts | None = None
     """Mailboxes, outbox partitions, the conversation index and history records
     (``service.domain.delivery``); None only for wrappers built by tests."""
+    server_time: Callable[[], Awaitable[int]] | None = None
+    """The backend's own clock (epoch ms) where it has one (Redis ``TIME``): the
+    service takes "now" from it (``service.backend_clock``), never a replica's."""
 
     async def close(self) -> None:
         for close in self.closers:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.ab import mutation, probes_ops, probes_redis
+from tests.ab import mutation, probes_ops, probes_redis, probes_round2
 from tests.ab.parts import Outcome, ProbeError, Tree, tool
 from tests.ab.trees import current, old_tree, remove_old_tree
 
@@ -46,6 +46,15 @@ PROBES: tuple[Probe, ...] = (
     Probe("5w", "FLUSHALL under a running server", probes_ops.wiped_redis),
     Probe("6", "Scylla LWT default LOCAL_SERIAL", probes_ops.serial_default),
     Probe("7", "fake-ACK mutant survives the tests", mutation.fake_ack_mutant),
+    # issue 24, bad days second round
+    Probe(
+        "r2-1", "FLUSHALL + migrate again = new deployment", probes_round2.wiped_and_migrated_again
+    ),
+    Probe(
+        "r2-2",
+        "eviction set at run time: Commit still ACKed",
+        probes_round2.eviction_set_at_run_time,
+    ),
 )
 
 

@@ -9,7 +9,13 @@ import pytest
 from google.rpc import error_details_pb2
 
 from service.api import errors
-from service.api.errors import STATUS_TABLE, ConversationExists, RemoteError, RequestTooLarge
+from service.api.errors import (
+    STATUS_TABLE,
+    ConversationExists,
+    FailClosed,
+    RemoteError,
+    RequestTooLarge,
+)
 from service.domain.errors import (
     CommitError,
     CommitNotFound,
@@ -47,6 +53,7 @@ EXAMPLES: list[tuple[CommitError, grpc.StatusCode]] = [
         grpc.StatusCode.FAILED_PRECONDITION,
     ),
     (Unavailable("membership is unavailable: backend error"), grpc.StatusCode.UNAVAILABLE),
+    (FailClosed("writes refused until the backend is fixed: ..."), grpc.StatusCode.UNAVAILABLE),
 ]
 
 
