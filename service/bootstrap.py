@@ -91,6 +91,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
             node_routes=config.scylla_node_routes() or None,
             delivery=config.delivery_settings(),
+            send_path=config.scylla_send_path,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 
@@ -169,7 +170,7 @@ def build_server(
     the committer, the server."""
     clock = clock or SystemClock()
     metrics = ServiceMetrics()
-    metrics.describe_backend(backend.name, backend.durable, backend.requests)
+    metrics.describe_backend(backend.name, backend.durable, backend.requests, backend.events)
     backend = tracing.wrap_backend(backend)
     store = instrument(backend.store, metrics, tracing.store_span(backend.name))
     committer = MessageCommitter(

@@ -29,6 +29,7 @@ from backends.scylla.schema import (
     SCHEMA_VERSION,
     check_keyspace,
 )
+from backends.scylla.send_path import SEND_PATHS
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
@@ -85,6 +86,7 @@ async def open_scylla_backend(
     max_clock_skew_ms: int | None = 3000,
     node_routes: NodeRoutes | None = None,
     delivery: DeliverySettings | None = None,
+    send_path: str = "auto",
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -104,13 +106,19 @@ async def open_scylla_backend(
 
     ``node_routes`` (``{node address: (host, port)}``) dials each mapped node
     through its route, e.g. a fault-injection proxy (see ``session``).
+
+    ``send_path`` (auto, driver, direct): whether prepared statements take the
+    direct path, which is checked against the installed driver first (``send_path``).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
         raise StoreInvalid("namespace must be up to 128 characters from A-Z a-z 0-9 . _ ~ : -")
     settings = (settings or StoreSettings()).validate()
     clock = clock or SystemClock()
+    if send_path not in SEND_PATHS:
+        raise StoreInvalid("send_path must be one of " + ", ".join(SEND_PATHS))
     requests: Counter[str] = Counter()
+    events: Counter[str] = Counter()
     cql = await CqlSession.connect(
         contact_points,
         port=port,
@@ -123,6 +131,8 @@ async def open_scylla_backend(
         serial_consistency=serial_consistency,
         request_timeout_s=request_timeout_s,
         node_routes=node_routes,
+        send_path=send_path,
+        events=events,
     )
     try:
         require_version(await schema_version(cql))
@@ -176,5 +186,6 @@ async def open_scylla_backend(
         durable=True,
         closers=[cql.close],
         requests=requests,
+        events=events,
         delivery=ports,
     )

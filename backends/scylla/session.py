@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from asyncio import events
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from cassandra import (
@@ -78,15 +79,20 @@ from cassandra.query import (
     dict_factory,
 )
 
-from backends.scylla.direct import Call, DirectSender
+from backends.scylla import send_path as paths
+from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.reactor import loop_connection_class
+from backends.scylla.send_path import BUILT_FOR, PathMismatch, SendPath
 from service.domain.errors import (
     StoreError,
     StoreInvalid,
+    StoreMisconfigured,
     StoreOutcomeUnknown,
     StoreSchemaError,
     StoreUnavailable,
 )
+
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 Params = Sequence[object]
@@ -142,6 +148,23 @@ class RoutedEndPointFactory(EndPointFactory):  # type: ignore[misc]
         return DefaultEndPoint(address, _NodeInfo.get_broadcast_rpc_port(row) or self._port)
 
 
+def execution_profile(
+    local_dc: str | None, consistency: int, serial_consistency: int, request_timeout_s: float
+) -> ExecutionProfile:
+    """The one profile every request runs with."""
+    return ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc or "")),
+        consistency_level=consistency,
+        serial_consistency_level=serial_consistency,
+        request_timeout=request_timeout_s,
+        row_factory=dict_factory,
+        # Every failure reaches this layer, which decides it (a serial re-read, a
+        # retry of the step, Recoverable): the driver's default would re-send on
+        # overload or server errors unseen, conditional writes included.
+        retry_policy=FallthroughRetryPolicy(),
+    )
+
+
 def _contact_points(points: Sequence[str], port: int, routes: NodeRoutes | None) -> list[Any]:
     if not routes:
         return list(points)
@@ -160,7 +183,8 @@ class CqlSession:
         serial_consistency: int,
         request_timeout_s: float,
         *,
-        direct: bool = True,
+        send_path: SendPath = "auto",
+        events: Counter[str] | None = None,
     ) -> None:
         self._cluster = cluster
         self._session = session
@@ -171,8 +195,12 @@ class CqlSession:
         self._prepared: dict[str, PreparedStatement] = {}
         self._closed = False
         self.interceptor: Interceptor | None = None
+        self.send_path = send_path
+        self.events: Counter[str] = Counter() if events is None else events
+        """What the session noticed, by kind (``direct_path_refused``); the backend's
+        ``Backend.events``."""
         self.direct: DirectSender | None = None
-        if direct:
+        if send_path != "driver":
             self.direct = DirectSender(session, asyncio.get_running_loop(), self._driver_send)
 
     # --- connecting and closing ----------------------------------------------
@@ -192,26 +220,15 @@ class CqlSession:
         serial_consistency: str = "SERIAL",
         request_timeout_s: float = 5.0,
         node_routes: NodeRoutes | None = None,
-        direct: bool = True,
+        send_path: SendPath = "auto",
+        events: Counter[str] | None = None,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""
         if not contact_points:
             raise StoreInvalid("scylla: at least one contact point is required")
         cl = consistency_level(consistency, CONSISTENCY_LEVELS)
         serial = consistency_level(serial_consistency, SERIAL_LEVELS)
-        profile = ExecutionProfile(
-            load_balancing_policy=TokenAwarePolicy(
-                DCAwareRoundRobinPolicy(local_dc=local_dc or "")
-            ),
-            consistency_level=cl,
-            serial_consistency_level=serial,
-            request_timeout=request_timeout_s,
-            row_factory=dict_factory,
-            # Every failure reaches this layer, which decides it (a serial re-read, a
-            # retry of the step, Recoverable): the driver's default would re-send on
-            # overload or server errors unseen, conditional writes included.
-            retry_policy=FallthroughRetryPolicy(),
-        )
+        profile = execution_profile(local_dc, cl, serial, request_timeout_s)
         auth = None
         if username is not None:
             auth = PlainTextAuthProvider(username=username, password=password or "")
@@ -225,7 +242,7 @@ class CqlSession:
             cluster = Cluster(
                 _contact_points(contact_points, port, node_routes),
                 port=port,
-                protocol_version=4,
+                protocol_version=PROTOCOL_VERSION,
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
                 auth_provider=auth,
                 connect_timeout=request_timeout_s,
@@ -250,7 +267,22 @@ class CqlSession:
             what = "authentication failed" if _is_auth(exc) else "cannot connect to the cluster"
             raise StoreUnavailable(f"scylla: {what} ({type(exc).__name__})") from None
         session.default_fetch_size = None  # every query carries its own LIMIT
-        return cls(cluster, session, keyspace, requests, serial, request_timeout_s, direct=direct)
+        cql = cls(
+            cluster,
+            session,
+            keyspace,
+            requests,
+            serial,
+            request_timeout_s,
+            send_path=send_path,
+            events=events,
+        )
+        try:
+            cql.check_driver()
+        except BaseException:
+            await cql.close()
+            raise
+        return cql
 
     @property
     def session_id(self) -> str:
@@ -287,6 +319,52 @@ class CqlSession:
         except DRIVER_ERRORS as exc:
             raise _translate(exc, "read") from None
         self._prepared.update(prepared)
+        if self.direct is not None:
+            self._check_frames(prepared.values())
+
+    def check_driver(self) -> None:
+        """The installed driver is the one the direct path was built for, with every
+        part it uses, or the direct path is refused (``send_path``)."""
+        if self.direct is None:
+            return
+        try:
+            paths.check_version()
+            paths.check_parts(self._session)
+        except PathMismatch as exc:
+            self.refuse_direct(str(exc))
+
+    def _check_frames(self, statements: Iterable[PreparedStatement]) -> None:
+        """The direct path's frames of these statements are the driver's own, or it
+        is refused (``send_path``)."""
+        if self.direct is None:
+            return
+        features: list[Any] = [None]  # Cassandra's: no extensions
+        for pool in list(self._session._pools.values()):
+            features.extend(c.features for c in list(pool._connections.values())[:1])
+        try:
+            paths.check_frames(self.direct, statements, features)
+        except PathMismatch as exc:
+            self.refuse_direct(str(exc))
+        except Exception as exc:  # a driver part changed in a way no check names
+            self.refuse_direct(f"{type(exc).__name__} while comparing frames")
+
+    def refuse_direct(self, reason: str) -> None:
+        """The direct path does not match the driver: one warning, one event, and
+        every request through the driver from now on; with send path ``direct``,
+        StoreMisconfigured instead. ``reason`` names no host, value or CQL."""
+        if self.send_path == "direct":
+            raise StoreMisconfigured(
+                f"scylla: the direct send path does not match the installed driver ({reason})",
+                f"install scylla-driver=={BUILT_FOR}, or set MC_SCYLLA_SEND_PATH=auto",
+            )
+        if self.direct is None:
+            return
+        self.direct = None
+        self.events["direct_path_refused"] += 1
+        log.warning(
+            "scylla: the direct send path is off, every request goes through the driver: %s",
+            reason,
+        )
 
     # --- executing -------------------------------------------------------------
 
@@ -376,7 +454,11 @@ class CqlSession:
         (``direct.py``) or, when that path cannot send it, through the driver's
         ``execute_async``."""
         if self.direct is not None:
-            sent = self.direct.send(call, self._timeout)
+            try:
+                sent = self.direct.send(call, self._timeout)
+            except Exception as exc:  # nothing was sent; a driver part no longer fits
+                self.refuse_direct(f"{type(exc).__name__} on the direct path")
+                sent = None
             if sent is not None:
                 return sent
         return self._driver_send(call.statement(), self._timeout)

@@ -10,6 +10,7 @@ connection fails every request on it, also from a driver thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,11 +20,14 @@ from cassandra import OperationTimedOut
 from cassandra.connection import ConnectionException, ConnectionShutdown
 from cassandra.protocol import ProtocolHandler
 
+from backends.scylla import direct as direct_module
+from backends.scylla import send_path
 from backends.scylla.commits import COLUMNS as COMMIT_COLUMNS
 from backends.scylla.direct import Call, DirectSender
 from backends.scylla.history import READ_COLUMNS as HISTORY_COLUMNS
 from backends.scylla.session import CqlSession
 from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
+from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 
 pytestmark = pytest.mark.scylla
@@ -36,6 +40,7 @@ STATEMENTS = {
     "bump": "UPDATE {ks}.%s SET v = ? WHERE a = ? AND b = ? AND c = ? IF v = ?",
     "get": "SELECT c, v FROM {ks}.%s WHERE a = ? AND b = ?",
     "get_all": "SELECT * FROM {ks}.%s WHERE a = ? AND b = ?",
+    "get_commented": "SELECT /*x*/ * FROM {ks}.%s WHERE a = ? AND b = ?",
 }
 
 
@@ -176,29 +181,39 @@ async def test_a_broken_connection_fails_every_request_on_it(
     assert direct.sent == sent + 1
 
 
-async def test_a_read_that_names_its_columns_asks_for_rows_without_metadata(
+async def test_no_read_asks_for_rows_without_metadata_unless_the_id_was_negotiated(
     cql: CqlSession,
 ) -> None:
+    """SKIP_METADATA only where the node can tell a stale cache (Scylla's metadata
+    id), as the driver does: never on Cassandra's v4, whatever the SELECT looks
+    like (a comment before ``*`` used to pass for named columns)."""
     direct = _direct(cql)
-    named, star = (direct._plan(cql._prepared[n]) for n in ("get", "get_all"))
-    assert named.skip_metadata and not star.skip_metadata
-    assert not direct._plan(cql._prepared["put_new"]).skip_metadata
-    for plan, skipped in [(named, True), (star, False)]:
-        values = plan.encode(("a", "b"))
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    assert not connection.features.use_metadata_id  # Cassandra
+    for name in ("get", "get_all", "get_commented", "put_new"):
+        plan = direct._plan(cql._prepared[name])
+        values = plan.encode(("a", "b") if name.startswith("get") else ("a", "b", 1, 1))
         frame = ProtocolHandler.encode_message(
-            direct._message(Call(((plan.prepared, ("a", "b")),)), [(values, plan)]),
+            direct._message(Call(((plan.prepared, values),)), [(values, plan)]),
             1,
             4,
             compressor=None,
             allow_beta_protocol_version=False,
-            protocol_features=None,  # Cassandra: no Scylla extensions
+            protocol_features=connection.features,
         )
         body = frame[9:]
         flags = body[2 + len(plan.prepared.query_id) + 2]  # [short bytes id][short cl][byte flags]
-        assert bool(flags & SKIP_METADATA) is skipped
+        assert not flags & SKIP_METADATA, name
     await cql.write("put", ("a", "b", 1, 10))
     assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}]
     assert await cql.read("get_all", ("a", "b")) == [{"a": "a", "b": "b", "c": 1, "v": 10}]
+    # A column added after PREPARE is seen by the star reads (their metadata comes along).
+    await cql.simple(f"ALTER TABLE {{ks}}.{cql.probe} ADD w text", timeout_s=30)  # type: ignore[attr-defined]
+    await cql.simple(f"UPDATE {{ks}}.{cql.probe} SET w = 'x' WHERE a = 'a' AND b = 'b' AND c = 1")  # type: ignore[attr-defined]
+    for name in ("get_all", "get_commented"):
+        rows = await cql.read(name, ("a", "b"))
+        assert rows == [{"a": "a", "b": "b", "c": 1, "v": 10, "w": "x"}], name
 
 
 @pytest.mark.parametrize(
@@ -215,3 +230,31 @@ async def test_the_backends_named_reads_name_every_column(
         raw=True,
     )
     assert sorted(columns) == sorted(r["column_name"] for r in rows)
+
+
+async def test_the_backend_checks_every_statement_it_prepares_and_keeps_the_direct_path(
+    scylla: ScyllaHarness,
+) -> None:
+    backend = await scylla.open()
+    cql = store_of(backend)._cql
+    assert cql.direct is not None and not backend.events
+    frames = send_path.check_frames(cql.direct, cql._prepared.values(), [None])
+    assert frames == 3 * len(cql._prepared) > 100
+
+
+async def test_a_driver_part_that_breaks_at_run_time_turns_the_path_off_loudly(
+    cql: CqlSession, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a silent hand-over per request: one warning, one event, then the driver."""
+
+    def changed(*args: object, **kwargs: object) -> None:
+        raise TypeError("__init__() got an unexpected keyword argument")
+
+    monkeypatch.setattr(direct_module, "ExecuteMessage", changed)
+    with caplog.at_level(logging.WARNING, logger="backends.scylla.session"):
+        await cql.write("put", ("a", "b", 1, 10))
+        await cql.write("put", ("a", "b", 2, 20))
+    assert cql.direct is None and cql.events == {"direct_path_refused": 1}
+    warned = [r for r in caplog.records if "direct send path is off" in r.getMessage()]
+    assert len(warned) == 1 and "TypeError" in warned[0].getMessage()
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}, {"c": 2, "v": 20}]
