@@ -88,7 +88,11 @@ DriverSend = Callable[[Any, float], "asyncio.Future[Rows]"]
 """``(statement, timeout_s)``: send through ``execute_async`` (the driver's own path)."""
 
 _BORROW_TIMEOUT_S = 2.0  # the driver's own, in ResponseFuture._query
-_NOT_SENT = (NoConnectionsAvailable, ConnectionBusy, ConnectionShutdown, NoHostAvailable)
+_NO_STREAM = (NoConnectionsAvailable, ConnectionBusy, ConnectionException, NoHostAvailable)
+"""What a borrow raises: nothing was sent (a pool shut down since ``is_shutdown`` was
+read raises ConnectionException, "Pool is shutdown")."""
+_NOT_QUEUED = (ConnectionBusy, ConnectionShutdown)
+"""What ``send_msg`` raises before it queues the frame (closed, defunct, not writable)."""
 _LOCAL = (HostDistance.LOCAL_RACK, HostDistance.LOCAL)
 PROTOCOL_VERSION = 4
 """The native protocol version of every session (``CqlSession.connect`` sets it)."""
@@ -231,7 +235,7 @@ class DirectSender:
                 table=plan.table,
                 routing_token=token,
             )
-        except _NOT_SENT:
+        except _NO_STREAM:
             self.passed["stream"] += 1
             return None
         request = _Request(self, call, host, pool, connection, request_id, timeout_s)
@@ -244,7 +248,7 @@ class DirectSender:
                 decoder=self._handler.decode_message,
                 result_metadata=None if call.batch else plan.prepared.result_metadata,
             )
-        except _NOT_SENT:  # closed or busy, nothing queued: the driver's path decides
+        except _NOT_QUEUED:  # closed or busy, nothing queued: the driver's path decides
             _unborrow(pool, connection, request_id)
             self.passed["connection"] += 1
             return None

@@ -505,9 +505,10 @@ def _settle(
 
 
 def _applied(rows: list[Row]) -> bool:
-    """The ``[applied]`` flag only; other returned columns differ between servers."""
+    """The ``[applied]`` flag only; other returned columns differ between servers.
+    An answer without it says nothing of whether the write applied: unknown."""
     if not rows or "[applied]" not in rows[0]:
-        raise StoreUnavailable("scylla: a conditional write returned no [applied] flag")
+        raise StoreOutcomeUnknown("scylla: a conditional write returned no [applied] flag")
     return bool(rows[0]["[applied]"])
 
 
@@ -531,6 +532,11 @@ def _translate(exc: BaseException, mode: Mode) -> StoreError:
         return StoreUnavailable(f"scylla: authentication failed ({kind})")
     if mode == "serial":
         return StoreOutcomeUnknown(f"scylla: a serial re-read failed, outcome unknown ({kind})")
+    if isinstance(exc, NoHostAvailable):
+        # The driver ran out of hosts before any of them took the request (with
+        # FallthroughRetryPolicy an error after sending is raised as itself):
+        # nothing was sent, so nothing can have applied.
+        return StoreUnavailable(f"scylla: no host took the request, nothing was sent ({kind})")
     if mode == "cas" or (
         mode == "write" and isinstance(exc, WriteTimeout | WriteFailure | OperationTimedOut)
     ):

@@ -258,3 +258,26 @@ async def test_a_driver_part_that_breaks_at_run_time_turns_the_path_off_loudly(
     warned = [r for r in caplog.records if "direct send path is off" in r.getMessage()]
     assert len(warned) == 1 and "TypeError" in warned[0].getMessage()
     assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}, {"c": 2, "v": 20}]
+
+
+async def test_a_pool_shut_down_between_the_check_and_the_borrow_hands_the_request_over(
+    cql: CqlSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The borrow then raises ConnectionException ("Pool is shutdown"): nothing was
+    sent, so the driver's path takes it (here the pool is back by then) instead of
+    a conditional write reported unknown and a read unavailable."""
+    pool = next(iter(cql._session._pools.values()))
+    borrow = pool.borrow_connection
+    shut: list[int] = []
+
+    def shut_down_once(*args: object, **kwargs: object) -> object:
+        if len(shut) < 2:  # the direct path's borrow, twice
+            shut.append(1)
+            raise ConnectionException("Pool for h is shutdown")
+        return borrow(*args, **kwargs)
+
+    direct = _direct(cql)
+    monkeypatch.setattr(pool, "borrow_connection", shut_down_once)
+    assert await cql.cas("put_new", ("a", "b", 1, 1))
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]
+    assert direct.passed["stream"] == 2 and cql.direct is direct
