@@ -17,7 +17,8 @@ loop's CPU, for machinery this backend never uses: the driver never retries
   order for conditional statements and serial reads (one coordinator per
   partition, as the token-aware policy keeps LWTs unshuffled), else in turn;
 * the stream id is borrowed from that host's pool with the routing key and
-  token (Scylla's shard awareness), and given back with the answer;
+  token (Scylla's shard awareness), without waiting (``borrow.py``), and
+  given back with the answer;
 * the message is the driver's ``ExecuteMessage`` / ``BatchMessage`` with the
   profile's consistency levels and the cluster's client timestamp, encoded
   and decoded by the session's protocol handler. Rows come without their
@@ -87,7 +88,6 @@ Params = Sequence[object]
 DriverSend = Callable[[Any, float], "asyncio.Future[Rows]"]
 """``(statement, timeout_s)``: send through ``execute_async`` (the driver's own path)."""
 
-_BORROW_TIMEOUT_S = 2.0  # the driver's own, in ResponseFuture._query
 _NO_STREAM = (NoConnectionsAvailable, ConnectionBusy, ConnectionException, NoHostAvailable)
 """What a borrow raises: nothing was sent (a pool shut down since ``is_shutdown`` was
 read raises ConnectionException, "Pool is shutdown")."""
@@ -229,7 +229,7 @@ class DirectSender:
             return None
         try:
             connection, request_id = pool.borrow_connection(
-                timeout=_BORROW_TIMEOUT_S,
+                timeout=0,  # never wait on the loop (borrow.py)
                 routing_key=routing_key,
                 keyspace=keyspace,
                 table=plan.table,

@@ -80,6 +80,7 @@ from cassandra.query import (
 )
 
 from backends.scylla import send_path as paths
+from backends.scylla.borrow import OffLoop, streams_free
 from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.reactor import loop_connection_class
 from backends.scylla.send_path import BUILT_FOR, PathMismatch, SendPath
@@ -199,6 +200,8 @@ class CqlSession:
         self.events: Counter[str] = Counter() if events is None else events
         """What the session noticed, by kind (``direct_path_refused``); the backend's
         ``Backend.events``."""
+        self.off_loop = OffLoop()
+        """Driver requests started off the loop because a borrow could wait (``borrow.py``)."""
         self.direct: DirectSender | None = None
         if send_path != "driver":
             self.direct = DirectSender(session, asyncio.get_running_loop(), self._driver_send)
@@ -296,6 +299,7 @@ class CqlSession:
             return
         self._closed = True
         await asyncio.to_thread(self._cluster.shutdown)
+        self.off_loop.close()
 
     # --- preparing -------------------------------------------------------------
 
@@ -468,10 +472,18 @@ class CqlSession:
     ) -> asyncio.Future[list[Row]]:
         """The driver's request as an asyncio future. Its callbacks run on this loop
         (``reactor.py``), so they resolve the future directly; the driver's own
-        timer (``limit_s``) fails it with OperationTimedOut."""
+        timer (``limit_s``) fails it with OperationTimedOut. Started on the loop
+        only when its borrow cannot wait, else on a thread (``borrow.py``)."""
         result: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
-        future = self._session.execute_async(statement, params, timeout=limit_s)
-        future.add_callbacks(_resolve, _fail, callback_args=(result,), errback_args=(result,))
+
+        def start(timeout_s: float) -> None:
+            future = self._session.execute_async(statement, params, timeout=timeout_s)
+            future.add_callbacks(_resolve, _fail, callback_args=(result,), errback_args=(result,))
+
+        if streams_free(self._session):
+            start(limit_s)
+        else:
+            self.off_loop.submit(start, lambda exc: _fail(exc, result), limit_s)
         return result
 
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 from cassandra import OperationTimedOut
 from cassandra.connection import ConnectionException, ConnectionShutdown
+from cassandra.pool import NoConnectionsAvailable
 from cassandra.protocol import ProtocolHandler
 
 from backends.scylla import direct as direct_module
@@ -271,7 +272,7 @@ async def test_a_pool_shut_down_between_the_check_and_the_borrow_hands_the_reque
     shut: list[int] = []
 
     def shut_down_once(*args: object, **kwargs: object) -> object:
-        if len(shut) < 2:  # the direct path's borrow, twice
+        if kwargs.get("timeout") == 0 and len(shut) < 2:  # the direct path's, twice
             shut.append(1)
             raise ConnectionException("Pool for h is shutdown")
         return borrow(*args, **kwargs)
@@ -281,3 +282,52 @@ async def test_a_pool_shut_down_between_the_check_and_the_borrow_hands_the_reque
     assert await cql.cas("put_new", ("a", "b", 1, 1))
     assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]
     assert direct.passed["stream"] == 2 and cql.direct is direct
+
+
+async def _lag(seconds: float) -> float:
+    """The worst lateness of a 20 ms tick over ``seconds`` (the loop's lag)."""
+    loop = asyncio.get_running_loop()
+    worst, tick = 0.0, 0.02
+    for _ in range(int(seconds / tick)):
+        before = loop.time()
+        await asyncio.sleep(tick)
+        worst = max(worst, loop.time() - before - tick)
+    return worst
+
+
+@pytest.mark.parametrize("path", ["direct", "driver"])
+async def test_the_loop_stays_responsive_while_every_stream_of_the_connection_is_held(
+    cql: CqlSession, path: str
+) -> None:
+    """The borrow used to wait on a threading.Condition on the loop thread, 2 s for
+    the direct path and 2 s more for the driver's; nothing could free a stream
+    meanwhile, so every RPC, deadline and health check stalled ~4 s."""
+    if path == "driver":
+        cql.direct = None
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    held: list[int] = []
+    for _ in range(connection.max_request_id + 1):  # every stream, as requests would hold them
+        try:
+            held.append(pool.borrow_connection(timeout=0)[1])
+        except NoConnectionsAvailable:
+            break
+    assert connection.in_flight == connection.max_request_id
+    pending: list[asyncio.Task[object]] = [
+        asyncio.create_task(cql.read("get", ("a", "other"))),
+        asyncio.create_task(cql.cas("put_new", ("a", "b", 1, 1))),
+    ]
+    try:
+        lag = await _lag(1.0)
+        waiting = not any(task.done() for task in pending)  # for a stream, off the loop
+    finally:
+        for request_id in held:  # give the streams back: the waiting borrows get them
+            with connection.lock:
+                connection.request_ids.append(request_id)
+            pool.return_connection(connection)
+    assert lag < 0.25, lag
+    assert waiting
+    read, applied = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+    assert read == [] and applied is True
+    assert cql.off_loop.started == 2
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]
