@@ -24,6 +24,7 @@ from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.outbox_log import PartitionedOutbox
 from backends.scylla.recovery import RecoveryIndex
 from backends.scylla.schema import (
+    HAS_TABLETS,
     READ_VERSION,
     SCHEMA_SCOPE,
     SCHEMA_VERSION,
@@ -39,6 +40,25 @@ from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._~:\-]{0,128}")
 _READINESS = {"schema.version": READ_VERSION.replace("%s", "?")}
+KEYSPACE_TABLETS = (
+    "SELECT initial_tablets FROM system_schema.scylla_keyspaces WHERE keyspace_name = %s"
+)
+
+
+async def require_no_tablets(cql: CqlSession) -> None:
+    """Refuse a keyspace that uses tablets (ScyllaDB 6+): requests are routed by
+    the vnode token map and sent with no tablet version (``direct.py``), and
+    ScyllaDB runs no LWTs there anyway. ``migrate`` creates keyspaces without
+    tablets; this catches one an operator made. Cassandra has no tablets."""
+    if not await cql.simple(HAS_TABLETS):
+        return
+    rows = await cql.simple(KEYSPACE_TABLETS, (cql.keyspace,), raw=True)
+    if rows and rows[0].get("initial_tablets") is not None:
+        raise StoreSchemaError(
+            "scylla: the keyspace uses tablets, which this release cannot route and"
+            " whose conditional writes ScyllaDB does not support; create it with"
+            " `message-committer migrate` (tablets off) and move the data there"
+        )
 
 
 async def schema_version(cql: CqlSession) -> int | None:
@@ -136,6 +156,7 @@ async def open_scylla_backend(
     )
     try:
         require_version(await schema_version(cql))
+        await require_no_tablets(cql)
         await cql.prepare(
             {
                 **_READINESS,
