@@ -101,7 +101,7 @@ PROTOCOL_VERSION = 4
 class Call:
     """One request: a prepared statement and its values, or an unlogged batch of them."""
 
-    __slots__ = ("batch", "consistency", "idempotent", "items")
+    __slots__ = ("batch", "conditional", "consistency", "idempotent", "items")
 
     def __init__(
         self,
@@ -110,11 +110,24 @@ class Call:
         batch: bool = False,
         consistency: int | None = None,
         idempotent: bool = False,
+        conditional: bool = False,
     ) -> None:
         self.items = items
         self.batch = batch
         self.consistency = consistency
         self.idempotent = idempotent
+        self.conditional = conditional
+        """A conditional write (``IF ...``), said by the caller: ScyllaDB flags such
+        statements at PREPARE (``is_lwt``), Cassandra never does."""
+
+    def ordered(self) -> bool:
+        """Sent to the first live replica in ring order (one Paxos coordinator per
+        partition): conditional writes and serial reads."""
+        if self.conditional:
+            return True
+        if self.consistency is not None and ConsistencyLevel.is_serial(self.consistency):
+            return True
+        return any(prepared.is_lwt() for prepared, _ in self.items)
 
     def statement(self) -> BoundStatement | BatchStatement:
         """The driver's statement for the same request (``execute_async``)."""
@@ -136,7 +149,7 @@ class Call:
 class _Plan:
     """What a prepared statement needs per request, worked out once."""
 
-    __slots__ = ("keyspace", "lwt", "prepared", "routing", "serializers", "table")
+    __slots__ = ("keyspace", "prepared", "routing", "serializers", "table")
 
     def __init__(self, prepared: PreparedStatement) -> None:
         meta = prepared.column_metadata or ()
@@ -145,7 +158,6 @@ class _Plan:
         self.routing: tuple[int, ...] = tuple(prepared.routing_key_indexes or ())
         self.keyspace = meta[0].keyspace_name if meta else None
         self.table = meta[0].table_name if meta else None
-        self.lwt = prepared.is_lwt()
 
     def encode(self, params: Params) -> list[bytes | None]:
         """The bound values, as ``BoundStatement.bind`` serialises them; raises on
@@ -219,9 +231,7 @@ class DirectSender:
             self.passed["routing"] += 1
             return None
         token = token_map.token_class.from_key(routing_key)
-        ordered = call.consistency is not None and ConsistencyLevel.is_serial(call.consistency)
-        ordered = ordered or any(each.lwt for _, each in encoded)
-        host = self._coordinator(token_map.get_replicas(keyspace, token), ordered)
+        host = self._coordinator(token_map.get_replicas(keyspace, token), call.ordered())
         message = self._message(call, encoded)  # raises only if the driver changed
         pool = self._session._pools.get(host) if host is not None else None
         if pool is None or pool.is_shutdown:

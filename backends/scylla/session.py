@@ -409,7 +409,8 @@ class CqlSession:
         values of the columns the condition tested (ScyllaDB and Cassandra differ
         in what else they return, so callers treat them as hints only)."""
         self.requests["lwt"] += 1
-        rows = await self._run(name, Call(((self._prepared[name], params),)), "cas")
+        call = Call(((self._prepared[name], params),), conditional=True)
+        rows = await self._run(name, call, "cas")
         return _applied(rows), rows
 
     async def cas_batch(self, items: Sequence[tuple[str, Params]]) -> bool:
@@ -419,7 +420,8 @@ class CqlSession:
     async def cas_batch_rows(self, items: Sequence[tuple[str, Params]]) -> tuple[bool, list[Row]]:
         """``cas_batch``, with the rows the server returned (see ``cas_rows``)."""
         self.requests["lwt"] += 1
-        rows = await self._run(f"batch:{items[0][0]}", Call(self._items(items), batch=True), "cas")
+        call = Call(self._items(items), batch=True, conditional=True)
+        rows = await self._run(f"batch:{items[0][0]}", call, "cas")
         return _applied(rows), rows
 
     def _items(self, items: Sequence[tuple[str, Params]]) -> list[tuple[PreparedStatement, Params]]:

@@ -24,6 +24,7 @@ from cassandra.cluster import (
     ControlConnectionQueryFallback,
     Session,
 )
+from cassandra.policies import HostDistance
 from cassandra.protocol import ColumnMetadata, ExecuteMessage
 from cassandra.query import PreparedStatement
 
@@ -210,3 +211,39 @@ def test_the_driver_is_pinned_to_the_release_the_path_was_built_for() -> None:
     drivers = [d for d in pyproject["project"]["dependencies"] if d.startswith("scylla-driver")]
     assert drivers == [f"scylla-driver=={send_path.BUILT_FOR}"]
     assert f"scylla-driver=={send_path.BUILT_FOR}" in (root / "requirements.lock").read_text()
+
+
+class _Host:
+    is_up = True
+
+
+class _Local:
+    @staticmethod
+    def distance(host: object) -> int:
+        return int(HostDistance.LOCAL)
+
+
+async def test_conditional_writes_keep_ring_order_on_cassandra_too(
+    offline: Offline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cassandra never sets the LWT flag at PREPARE, so the statement alone did not
+    make a conditional write ordered: it went round the replicas like a plain one
+    (docs/scylla.md said ring order)."""
+    prepared = _prepared([TEXT, TEXT, BIGINT], routing=(0, 1))  # as Cassandra prepares it
+    assert not prepared.is_lwt()
+    offline.cql._prepared["bump"] = prepared
+    sent: list[Call] = []
+
+    async def capture(name: str, call: Call, mode: str) -> list[dict[str, object]]:
+        sent.append(call)
+        return [{"[applied]": True}]
+
+    monkeypatch.setattr(offline.cql, "_run", capture)
+    await offline.cql.cas("bump", ("a", "b", 1))
+    await offline.cql.cas_batch([("bump", ("a", "b", 1)), ("bump", ("a", "b", 2))])
+    await offline.cql.write("bump", ("a", "b", 1))
+    assert [call.ordered() for call in sent] == [True, True, False]
+    replicas = [_Host(), _Host(), _Host()]
+    monkeypatch.setattr(offline.direct, "_policy", _Local())
+    assert {id(offline.direct._coordinator(replicas, True)) for _ in range(6)} == {id(replicas[0])}
+    assert len({id(offline.direct._coordinator(replicas, False)) for _ in range(6)}) == 3
