@@ -74,6 +74,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
+        from backends.scylla.tls import ClusterTls
 
         return await open_scylla_backend(
             list(config.scylla_contact_points),
@@ -92,6 +93,11 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             node_routes=config.scylla_node_routes() or None,
             delivery=config.delivery_settings(),
             send_path=config.scylla_send_path,
+            tls=ClusterTls(
+                config.scylla_tls_ca, config.scylla_tls_cert or None, config.scylla_tls_key or None
+            )
+            if config.scylla_tls_ca
+            else None,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 

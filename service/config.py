@@ -131,6 +131,18 @@ class ServiceConfig:
     driver's own; else the driver's, with a warning and the
     direct_path_refused event), direct (refuse to start otherwise) or driver."""
 
+    scylla_tls_ca: str = ""
+    """PEM file of the CA that signed the cluster's node certificates: TLS to the
+    cluster, each node's certificate checked against it and against the address
+    dialled. Empty: no TLS."""
+
+    scylla_tls_cert: str = ""
+    """PEM client certificate for the cluster (with MC_SCYLLA_TLS_KEY), for nodes that
+    require client certificates; needs MC_SCYLLA_TLS_CA."""
+
+    scylla_tls_key: str = ""
+    """PEM private key of MC_SCYLLA_TLS_CERT."""
+
     scylla_node_proxies: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated NODE=HOST:PORT routes: reach the CQL node whose address is
     NODE through HOST:PORT (a proxy, e.g. for fault injection); other nodes directly."""
@@ -551,6 +563,14 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
     if config.scylla_send_path not in SCYLLA_SEND_PATHS:
         raise ConfigError("MC_SCYLLA_SEND_PATH/--scylla-send-path must be auto, driver or direct")
     config.scylla_node_routes()  # raises ConfigError for a malformed route
+    if bool(config.scylla_tls_cert) != bool(config.scylla_tls_key):
+        raise ConfigError("MC_SCYLLA_TLS_CERT and MC_SCYLLA_TLS_KEY go together")
+    if config.scylla_tls_cert and not config.scylla_tls_ca:
+        raise ConfigError("MC_SCYLLA_TLS_CERT needs MC_SCYLLA_TLS_CA (the cluster's CA)")
+    for name in ("scylla_tls_ca", "scylla_tls_cert", "scylla_tls_key"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
     split_address(config.grpc_address, "MC_GRPC_ADDRESS/--grpc-address")
     split_address(config.http_address, "MC_HTTP_ADDRESS/--http-address")
     if bool(config.tls_cert) != bool(config.tls_key):

@@ -34,6 +34,7 @@ from backends.scylla.send_path import SEND_PATHS
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
+from backends.scylla.tls import ClusterTls
 from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
@@ -107,6 +108,7 @@ async def open_scylla_backend(
     node_routes: NodeRoutes | None = None,
     delivery: DeliverySettings | None = None,
     send_path: str = "auto",
+    tls: ClusterTls | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -129,6 +131,8 @@ async def open_scylla_backend(
 
     ``send_path`` (auto, driver, direct): whether prepared statements take the
     direct path, which is checked against the installed driver first (``send_path``).
+
+    ``tls``: TLS to the cluster, each node's certificate checked (``tls``).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
@@ -153,6 +157,7 @@ async def open_scylla_backend(
         node_routes=node_routes,
         send_path=send_path,
         events=events,
+        tls=tls,
     )
     try:
         require_version(await schema_version(cql))

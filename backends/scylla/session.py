@@ -84,6 +84,7 @@ from backends.scylla.borrow import OffLoop, streams_free
 from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.reactor import loop_connection_class
 from backends.scylla.send_path import BUILT_FOR, PathMismatch, SendPath
+from backends.scylla.tls import ClusterTls
 from service.domain.errors import (
     StoreError,
     StoreInvalid,
@@ -225,6 +226,7 @@ class CqlSession:
         node_routes: NodeRoutes | None = None,
         send_path: SendPath = "auto",
         events: Counter[str] | None = None,
+        tls: ClusterTls | None = None,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""
         if not contact_points:
@@ -236,11 +238,13 @@ class CqlSession:
         if username is not None:
             auth = PlainTextAuthProvider(username=username, password=password or "")
         routed: dict[str, Any] = {}
+        if tls is None:  # the loop reactor does not speak TLS: the driver's own then
+            routed["connection_class"] = loop_connection_class(asyncio.get_running_loop())
+        else:
+            routed["ssl_context"] = tls.context()
         if node_routes:
-            routed = {
-                "endpoint_factory": RoutedEndPointFactory(node_routes, port),
-                "shard_aware_options": ShardAwareOptions(disable_shardaware_port=True),
-            }
+            routed["endpoint_factory"] = RoutedEndPointFactory(node_routes, port)
+            routed["shard_aware_options"] = ShardAwareOptions(disable_shardaware_port=True)
         try:
             cluster = Cluster(
                 _contact_points(contact_points, port, node_routes),
@@ -253,7 +257,6 @@ class CqlSession:
                 # The driver's default backs off to 10 minutes: after a whole-cluster
                 # outage a replica would stay NOT_SERVING that long once it is back.
                 reconnection_policy=ExponentialReconnectionPolicy(0.5, RECONNECT_MAX_DELAY_S),
-                connection_class=loop_connection_class(asyncio.get_running_loop()),
                 # CQL frames here are small; lz4 saved nothing measurable and hides the
                 # frame bodies from a counting proxy (toolkit/bench/cqlwire.py).
                 compression=False,
