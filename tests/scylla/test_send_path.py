@@ -27,12 +27,14 @@ from cassandra.cluster import (
 from cassandra.policies import HostDistance
 from cassandra.protocol import ColumnMetadata, ExecuteMessage
 from cassandra.query import PreparedStatement
+from prometheus_client import generate_latest
 
 from backends.scylla import send_path
 from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.session import CqlSession, execution_profile
 from service import config
 from service.domain.errors import StoreMisconfigured
+from service.metrics import ServiceMetrics
 
 TEXT, BIGINT, INT = cqltypes.UTF8Type, cqltypes.LongType, cqltypes.Int32Type
 TEXTS = cqltypes.ListType.apply_parameters([TEXT])
@@ -247,3 +249,12 @@ async def test_conditional_writes_keep_ring_order_on_cassandra_too(
     monkeypatch.setattr(offline.direct, "_policy", _Local())
     assert {id(offline.direct._coordinator(replicas, True)) for _ in range(6)} == {id(replicas[0])}
     assert len({id(offline.direct._coordinator(replicas, False)) for _ in range(6)}) == 3
+
+
+def test_a_refused_direct_path_is_a_metric() -> None:
+    metrics = ServiceMetrics()
+    events: Counter[str] = Counter()
+    metrics.describe_backend("scylla", True, Counter(), events)
+    events["direct_path_refused"] += 1  # read at scrape time
+    text = generate_latest(metrics.registry).decode()
+    assert 'message_committer_backend_events_total{kind="direct_path_refused"} 1.0' in text
