@@ -17,6 +17,7 @@ import pytest
 
 from backends.scylla.session import CqlSession
 from backends.scylla.tls import ClusterTls
+from service import config
 from service.domain.errors import StoreInvalid, StoreUnavailable
 from tests.servers.cql_server import start_node
 
@@ -143,3 +144,19 @@ def test_the_context_checks_the_name_and_refuses_files_that_do_not_load(tmp_path
     with pytest.raises(StoreInvalid, match="could not be loaded") as refused:
         ClusterTls(str(tmp_path / "broken.pem")).context()
     assert "broken" not in str(refused.value)
+
+
+def test_the_tls_settings_are_checked_at_start(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    base = {"backend": "memory"}
+    loaded = config.load(base, {"MC_SCYLLA_TLS_CA": str(ca)})
+    assert loaded.scylla_tls_ca == str(ca)
+    for env, rule in [
+        ({"MC_SCYLLA_TLS_CA": str(tmp_path / "missing.pem")}, "file not found"),
+        ({"MC_SCYLLA_TLS_CA": str(ca), "MC_SCYLLA_TLS_CERT": str(ca)}, "go together"),
+        ({"MC_SCYLLA_TLS_CERT": str(ca), "MC_SCYLLA_TLS_KEY": str(ca)}, "needs MC_SCYLLA_TLS_CA"),
+    ]:
+        with pytest.raises(config.ConfigError, match=rule) as refused:
+            config.load(base, env)
+        assert str(tmp_path) not in str(refused.value)
