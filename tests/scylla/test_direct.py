@@ -325,7 +325,7 @@ async def test_the_loop_stays_responsive_while_every_stream_of_the_connection_is
             with connection.lock:
                 connection.request_ids.append(request_id)
             pool.return_connection(connection)
-    assert lag < 0.25, lag
+    assert lag < 1.0, lag  # the borrow alone used to hold it 2 s; generous for a busy box
     assert waiting
     read, applied = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
     assert read == [] and applied is True
