@@ -76,6 +76,7 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
         )
     if config.backend == "scylla":
         from backends.scylla import open_scylla_backend
+        from backends.scylla.tls import ClusterTls
 
         return await open_scylla_backend(
             list(config.scylla_contact_points),
@@ -93,6 +94,12 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
             max_clock_skew_ms=int(config.scylla_max_clock_skew * 1000),
             node_routes=config.scylla_node_routes() or None,
             delivery=config.delivery_settings(),
+            send_path=config.scylla_send_path,
+            tls=ClusterTls(
+                config.scylla_tls_ca, config.scylla_tls_cert or None, config.scylla_tls_key or None
+            )
+            if config.scylla_tls_ca
+            else None,
         )
     raise ConfigError("unknown backend: MC_BACKEND/--backend must be memory, redis or scylla")
 
@@ -186,7 +193,7 @@ def build_server(
     if backend.server_time is not None:  # the backend's clock decides, not this replica's
         clock = BackendClock(clock, backend.server_time)
     metrics = ServiceMetrics()
-    metrics.describe_backend(backend.name, backend.durable, backend.requests)
+    metrics.describe_backend(backend.name, backend.durable, backend.requests, backend.events)
     backend = tracing.wrap_backend(backend)
     store = instrument(backend.store, metrics, tracing.store_span(backend.name))
     committer = MessageCommitter(

@@ -34,6 +34,7 @@ from service.domain.relay import RelayPolicy
 BACKENDS = ("memory", "redis", "scylla")
 LOG_FORMATS = ("text", "json")
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+SCYLLA_SEND_PATHS = ("auto", "driver", "direct")  # backends.scylla.send_path.SEND_PATHS
 _LIMITS = CommitLimits()
 _DURATION = {"kind": "duration"}
 _SIGNED_DURATION = {"kind": "signed_duration"}
@@ -133,6 +134,24 @@ class ServiceConfig:
     scylla_max_clock_skew: float = field(default=3.0, metadata=_DURATION)
     """Largest difference between this replica's clock and the cluster's that it
     serves with; checked at start-up and by every readiness probe."""
+
+    scylla_send_path: str = "auto"
+    """How prepared statements reach the cluster: auto (the direct path, when the
+    installed scylla-driver is the release it was built for and its frames are the
+    driver's own; else the driver's, with a warning and the
+    direct_path_refused event), direct (refuse to start otherwise) or driver."""
+
+    scylla_tls_ca: str = ""
+    """PEM file of the CA that signed the cluster's node certificates: TLS to the
+    cluster, each node's certificate checked against it and against the address
+    dialled. Empty: no TLS."""
+
+    scylla_tls_cert: str = ""
+    """PEM client certificate for the cluster (with MC_SCYLLA_TLS_KEY), for nodes that
+    require client certificates; needs MC_SCYLLA_TLS_CA."""
+
+    scylla_tls_key: str = ""
+    """PEM private key of MC_SCYLLA_TLS_CERT."""
 
     scylla_node_proxies: tuple[str, ...] = field(default=(), metadata=_LIST)
     """Comma-separated NODE=HOST:PORT routes: reach the CQL node whose address is
@@ -565,7 +584,17 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         raise ConfigError(
             "the scylla backend needs MC_SCYLLA_CONTACT_POINTS/--scylla-contact-points"
         )
+    if config.scylla_send_path not in SCYLLA_SEND_PATHS:
+        raise ConfigError("MC_SCYLLA_SEND_PATH/--scylla-send-path must be auto, driver or direct")
     config.scylla_node_routes()  # raises ConfigError for a malformed route
+    if bool(config.scylla_tls_cert) != bool(config.scylla_tls_key):
+        raise ConfigError("MC_SCYLLA_TLS_CERT and MC_SCYLLA_TLS_KEY go together")
+    if config.scylla_tls_cert and not config.scylla_tls_ca:
+        raise ConfigError("MC_SCYLLA_TLS_CERT needs MC_SCYLLA_TLS_CA (the cluster's CA)")
+    for name in ("scylla_tls_ca", "scylla_tls_cert", "scylla_tls_key"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"MC_{name.upper()}: file not found or not a file")
     split_address(config.grpc_address, "MC_GRPC_ADDRESS/--grpc-address")
     split_address(config.http_address, "MC_HTTP_ADDRESS/--http-address")
     if bool(config.tls_cert) != bool(config.tls_key):

@@ -18,6 +18,7 @@ message_committer_quarantined_intents              the recovery loop (queue stat
 message_committer_backend_operation_seconds        InstrumentedStore, per store call
   {operation} (histogram)
 message_committer_backend_requests_total{kind}     Backend.requests, read at scrape time
+message_committer_backend_events_total{kind}       Backend.events, read at scrape time
 message_committer_backend_info{backend,durable}    the bootstrap
 =================================================  =====================================
 
@@ -170,23 +171,40 @@ class ServiceMetrics:
 
     # --- wiring --------------------------------------------------------------
 
-    def describe_backend(self, name: str, durable: bool, requests: _Counter[str]) -> None:
+    def describe_backend(
+        self,
+        name: str,
+        durable: bool,
+        requests: _Counter[str],
+        events: _Counter[str] | None = None,
+    ) -> None:
         self.backend_info.info({"backend": name, "durable": str(durable).lower()})
         self.registry.register(BackendRequestsCollector(requests))
+        if events is not None:
+            self.registry.register(
+                BackendRequestsCollector(
+                    events,
+                    "message_committer_backend_events",
+                    "What the backend noticed about itself, by kind.",
+                )
+            )
 
 
 class BackendRequestsCollector(Collector):
     """Exports a backend's request Counter as it is at scrape time."""
 
-    def __init__(self, requests: _Counter[str]) -> None:
+    def __init__(
+        self,
+        requests: _Counter[str],
+        name: str = "message_committer_backend_requests",
+        documentation: str = "Requests the backend issued to its dependency, by kind.",
+    ) -> None:
         self._requests = requests
+        self._name = name
+        self._documentation = documentation
 
     def collect(self) -> Iterable[Metric]:
-        family = CounterMetricFamily(
-            "message_committer_backend_requests",
-            "Requests the backend issued to its dependency, by kind.",
-            labels=("kind",),
-        )
+        family = CounterMetricFamily(self._name, self._documentation, labels=("kind",))
         for kind, count in sorted(self._requests.items()):
             family.add_metric((kind,), float(count))
         yield family

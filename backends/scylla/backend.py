@@ -24,20 +24,42 @@ from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.outbox_log import PartitionedOutbox
 from backends.scylla.recovery import RecoveryIndex
 from backends.scylla.schema import (
+    HAS_TABLETS,
     READ_VERSION,
     SCHEMA_SCOPE,
     SCHEMA_VERSION,
     check_keyspace,
 )
+from backends.scylla.send_path import SEND_PATHS
 from backends.scylla.sequence import SeqAllocator
 from backends.scylla.session import CqlSession, NodeRoutes
 from backends.scylla.store import ScyllaMessageStore
+from backends.scylla.tls import ClusterTls
 from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreInvalid, StoreSchemaError
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._~:\-]{0,128}")
 _READINESS = {"schema.version": READ_VERSION.replace("%s", "?")}
+KEYSPACE_TABLETS = (
+    "SELECT initial_tablets FROM system_schema.scylla_keyspaces WHERE keyspace_name = %s"
+)
+
+
+async def require_no_tablets(cql: CqlSession) -> None:
+    """Refuse a keyspace that uses tablets (ScyllaDB 6+): requests are routed by
+    the vnode token map and sent with no tablet version (``direct.py``), and
+    ScyllaDB runs no LWTs there anyway. ``migrate`` creates keyspaces without
+    tablets; this catches one an operator made. Cassandra has no tablets."""
+    if not await cql.simple(HAS_TABLETS):
+        return
+    rows = await cql.simple(KEYSPACE_TABLETS, (cql.keyspace,), raw=True)
+    if rows and rows[0].get("initial_tablets") is not None:
+        raise StoreSchemaError(
+            "scylla: the keyspace uses tablets, which this release cannot route and"
+            " whose conditional writes ScyllaDB does not support; create it with"
+            " `message-committer migrate` (tablets off) and move the data there"
+        )
 
 
 async def schema_version(cql: CqlSession) -> int | None:
@@ -85,6 +107,8 @@ async def open_scylla_backend(
     max_clock_skew_ms: int | None = 3000,
     node_routes: NodeRoutes | None = None,
     delivery: DeliverySettings | None = None,
+    send_path: str = "auto",
+    tls: ClusterTls | None = None,
 ) -> Backend:
     """The Scylla backend (name "scylla", durable).
 
@@ -104,13 +128,21 @@ async def open_scylla_backend(
 
     ``node_routes`` (``{node address: (host, port)}``) dials each mapped node
     through its route, e.g. a fault-injection proxy (see ``session``).
+
+    ``send_path`` (auto, driver, direct): whether prepared statements take the
+    direct path, which is checked against the installed driver first (``send_path``).
+
+    ``tls``: TLS to the cluster, each node's certificate checked (``tls``).
     """
     check_keyspace(keyspace)
     if not _NAMESPACE_RE.fullmatch(namespace):
         raise StoreInvalid("namespace must be up to 128 characters from A-Z a-z 0-9 . _ ~ : -")
     settings = (settings or StoreSettings()).validate()
     clock = clock or SystemClock()
+    if send_path not in SEND_PATHS:
+        raise StoreInvalid("send_path must be one of " + ", ".join(SEND_PATHS))
     requests: Counter[str] = Counter()
+    events: Counter[str] = Counter()
     cql = await CqlSession.connect(
         contact_points,
         port=port,
@@ -123,9 +155,13 @@ async def open_scylla_backend(
         serial_consistency=serial_consistency,
         request_timeout_s=request_timeout_s,
         node_routes=node_routes,
+        send_path=send_path,
+        events=events,
+        tls=tls,
     )
     try:
         require_version(await schema_version(cql))
+        await require_no_tablets(cql)
         await cql.prepare(
             {
                 **_READINESS,
@@ -180,5 +216,6 @@ async def open_scylla_backend(
         durable=True,
         closers=[cql.close],
         requests=requests,
+        events=events,
         delivery=ports,
     )

@@ -17,11 +17,14 @@ loop's CPU, for machinery this backend never uses: the driver never retries
   order for conditional statements and serial reads (one coordinator per
   partition, as the token-aware policy keeps LWTs unshuffled), else in turn;
 * the stream id is borrowed from that host's pool with the routing key and
-  token (Scylla's shard awareness), and given back with the answer;
+  token (Scylla's shard awareness), without waiting (``borrow.py``), and
+  given back with the answer;
 * the message is the driver's ``ExecuteMessage`` / ``BatchMessage`` with the
   profile's consistency levels and the cluster's client timestamp, encoded
-  and decoded by the session's protocol handler. A SELECT that names its
-  columns asks for rows without metadata (``_ExecuteWithoutMetadata``);
+  and decoded by the session's protocol handler. Rows come without their
+  metadata only where the driver itself asks for that (the result-metadata
+  id was negotiated: Scylla's extension), so an ``ALTER`` after PREPARE is
+  always seen;
 * the timeout is a deadline in one queue per session, swept by a single
   ``loop.call_at`` timer (requests share the session's timeout, so deadlines
   arrive in order; one that does not gets a timer of its own). On expiry
@@ -51,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import struct
 import threading
 from collections import Counter, deque
@@ -86,34 +88,20 @@ Params = Sequence[object]
 DriverSend = Callable[[Any, float], "asyncio.Future[Rows]"]
 """``(statement, timeout_s)``: send through ``execute_async`` (the driver's own path)."""
 
-_BORROW_TIMEOUT_S = 2.0  # the driver's own, in ResponseFuture._query
-_NOT_SENT = (NoConnectionsAvailable, ConnectionBusy, ConnectionShutdown, NoHostAvailable)
+_NO_STREAM = (NoConnectionsAvailable, ConnectionBusy, ConnectionException, NoHostAvailable)
+"""What a borrow raises: nothing was sent (a pool shut down since ``is_shutdown`` was
+read raises ConnectionException, "Pool is shutdown")."""
+_NOT_QUEUED = (ConnectionBusy, ConnectionShutdown)
+"""What ``send_msg`` raises before it queues the frame (closed, defunct, not writable)."""
 _LOCAL = (HostDistance.LOCAL_RACK, HostDistance.LOCAL)
-_PROTOCOL = 4  # CqlSession.connect pins it
-_NAMED_COLUMNS = re.compile(r"\s*SELECT\s+(?!\*)", re.IGNORECASE)
-"""A SELECT that names its columns: its result columns cannot change under it."""
-
-
-class _ExecuteWithoutMetadata(ExecuteMessage):  # type: ignore[misc]  # the driver is untyped
-    """An EXECUTE whose rows come back without their metadata (the SKIP_METADATA
-    flag, in the protocol since v2); they are decoded with the metadata the
-    statement was prepared with.
-
-    Only for SELECTs that name their columns. With ``SELECT *`` a column added
-    after PREPARE would make the cached metadata stale, and on protocol v4 the
-    node cannot tell (CASSANDRA-10786; v5 and Scylla's metadata-id extension
-    add an id for that, and the driver itself only skips with the id). A
-    named column cannot change its type, and dropping it fails the statement.
-    """
-
-    def _should_skip_metadata(self, protocol_version: int, protocol_features: Any) -> bool:
-        return True
+PROTOCOL_VERSION = 4
+"""The native protocol version of every session (``CqlSession.connect`` sets it)."""
 
 
 class Call:
     """One request: a prepared statement and its values, or an unlogged batch of them."""
 
-    __slots__ = ("batch", "consistency", "idempotent", "items")
+    __slots__ = ("batch", "conditional", "consistency", "idempotent", "items")
 
     def __init__(
         self,
@@ -122,11 +110,24 @@ class Call:
         batch: bool = False,
         consistency: int | None = None,
         idempotent: bool = False,
+        conditional: bool = False,
     ) -> None:
         self.items = items
         self.batch = batch
         self.consistency = consistency
         self.idempotent = idempotent
+        self.conditional = conditional
+        """A conditional write (``IF ...``), said by the caller: ScyllaDB flags such
+        statements at PREPARE (``is_lwt``), Cassandra never does."""
+
+    def ordered(self) -> bool:
+        """Sent to the first live replica in ring order (one Paxos coordinator per
+        partition): conditional writes and serial reads."""
+        if self.conditional:
+            return True
+        if self.consistency is not None and ConsistencyLevel.is_serial(self.consistency):
+            return True
+        return any(prepared.is_lwt() for prepared, _ in self.items)
 
     def statement(self) -> BoundStatement | BatchStatement:
         """The driver's statement for the same request (``execute_async``)."""
@@ -148,7 +149,7 @@ class Call:
 class _Plan:
     """What a prepared statement needs per request, worked out once."""
 
-    __slots__ = ("keyspace", "lwt", "prepared", "routing", "serializers", "skip_metadata", "table")
+    __slots__ = ("keyspace", "prepared", "routing", "serializers", "table")
 
     def __init__(self, prepared: PreparedStatement) -> None:
         meta = prepared.column_metadata or ()
@@ -157,10 +158,6 @@ class _Plan:
         self.routing: tuple[int, ...] = tuple(prepared.routing_key_indexes or ())
         self.keyspace = meta[0].keyspace_name if meta else None
         self.table = meta[0].table_name if meta else None
-        self.lwt = prepared.is_lwt()
-        self.skip_metadata = bool(prepared.result_metadata) and bool(
-            _NAMED_COLUMNS.match(prepared.query_string)
-        )
 
     def encode(self, params: Params) -> list[bytes | None]:
         """The bound values, as ``BoundStatement.bind`` serialises them; raises on
@@ -168,7 +165,7 @@ class _Plan:
         if len(params) != len(self.serializers):
             raise ValueError("not one value per bind marker")
         values: list[Any] = [
-            value if value is None or value is UNSET_VALUE else serialize(value, _PROTOCOL)
+            value if value is None or value is UNSET_VALUE else serialize(value, PROTOCOL_VERSION)
             for serialize, value in zip(self.serializers, params, strict=True)
         ]
         for index in self.routing:
@@ -197,6 +194,8 @@ class DirectSender:
     ) -> None:
         profile = session.cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT]
         self._session = session
+        self.session = session
+        """The driver's session (``send_path.check_frames`` builds its messages)."""
         self._cluster = session.cluster
         self._loop = loop
         self._thread = threading.get_ident()
@@ -232,38 +231,40 @@ class DirectSender:
             self.passed["routing"] += 1
             return None
         token = token_map.token_class.from_key(routing_key)
-        ordered = call.consistency is not None and ConsistencyLevel.is_serial(call.consistency)
-        ordered = ordered or any(each.lwt for _, each in encoded)
-        host = self._coordinator(token_map.get_replicas(keyspace, token), ordered)
+        host = self._coordinator(token_map.get_replicas(keyspace, token), call.ordered())
+        message = self._message(call, encoded)  # raises only if the driver changed
         pool = self._session._pools.get(host) if host is not None else None
         if pool is None or pool.is_shutdown:
             self.passed["host"] += 1
             return None
         try:
             connection, request_id = pool.borrow_connection(
-                timeout=_BORROW_TIMEOUT_S,
+                timeout=0,  # never wait on the loop (borrow.py)
                 routing_key=routing_key,
                 keyspace=keyspace,
                 table=plan.table,
                 routing_token=token,
             )
-        except _NOT_SENT:
+        except _NO_STREAM:
             self.passed["stream"] += 1
             return None
         request = _Request(self, call, host, pool, connection, request_id, timeout_s)
         try:
             connection.send_msg(
-                self._message(call, encoded),
+                message,
                 request_id,
                 cb=request.on_response,
                 encoder=self._handler.encode_message,
                 decoder=self._handler.decode_message,
                 result_metadata=None if call.batch else plan.prepared.result_metadata,
             )
-        except Exception:  # nothing was queued: the driver's path decides
+        except _NOT_QUEUED:  # closed or busy, nothing queued: the driver's path decides
             _unborrow(pool, connection, request_id)
             self.passed["connection"] += 1
             return None
+        except BaseException:  # not a state of the connection: the caller decides
+            _unborrow(pool, connection, request_id)
+            raise
         self._expire_at(request, self._loop.time() + timeout_s)
         self.sent += 1
         return request.result
@@ -303,9 +304,11 @@ class DirectSender:
             queries = [(True, plan.prepared.query_id, values) for values, plan in encoded]
             return BatchMessage(BatchType.UNLOGGED, queries, cl, serial, timestamp)
         values, plan = encoded[0]
-        _, metadata_id = plan.prepared.result_metadata_and_id
-        message = _ExecuteWithoutMetadata if plan.skip_metadata else ExecuteMessage
-        return message(
+        # As the driver does: metadata and id read as one pair; the rows come back
+        # without metadata only when the connection negotiated the id
+        # (``ExecuteMessage._should_skip_metadata``), so a changed schema is seen.
+        metadata, metadata_id = plan.prepared.result_metadata_and_id
+        return ExecuteMessage(
             plan.prepared.query_id,
             values,
             cl,
@@ -313,9 +316,9 @@ class DirectSender:
             self._session.default_fetch_size,
             None,
             timestamp,
-            skip_meta=plan.skip_metadata,
+            skip_meta=bool(metadata) and metadata_id is not None,
             result_metadata_id=metadata_id,
-            tablet_version_block=0,  # the keyspace has no tablets (schema.create_keyspace)
+            tablet_version_block=0,  # no tablets: the backend refuses such keyspaces
         )
 
     def _expire_at(self, request: _Request, due: float) -> None:

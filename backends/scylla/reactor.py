@@ -25,8 +25,9 @@ request also fed the cyclic garbage collector.
   the loop; nothing on the loop thread blocks (``CqlSession`` runs
   ``Cluster.connect`` and ``shutdown`` in worker threads).
 
-TLS is not supported here (the backend has no TLS settings); the class
-refuses an SSL context rather than silently sending in clear.
+TLS is not spoken here: with TLS to the cluster (``tls.py``) the backend uses
+the driver's own reactor instead, and this class refuses an SSL context rather
+than silently sending in clear.
 """
 
 from __future__ import annotations

@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from asyncio import events
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from cassandra import (
@@ -78,15 +79,22 @@ from cassandra.query import (
     dict_factory,
 )
 
-from backends.scylla.direct import Call, DirectSender
+from backends.scylla import send_path as paths
+from backends.scylla.borrow import OffLoop, streams_free
+from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.reactor import loop_connection_class
+from backends.scylla.send_path import BUILT_FOR, PathMismatch, SendPath
+from backends.scylla.tls import ClusterTls
 from service.domain.errors import (
     StoreError,
     StoreInvalid,
+    StoreMisconfigured,
     StoreOutcomeUnknown,
     StoreSchemaError,
     StoreUnavailable,
 )
+
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 Params = Sequence[object]
@@ -142,6 +150,23 @@ class RoutedEndPointFactory(EndPointFactory):  # type: ignore[misc]
         return DefaultEndPoint(address, _NodeInfo.get_broadcast_rpc_port(row) or self._port)
 
 
+def execution_profile(
+    local_dc: str | None, consistency: int, serial_consistency: int, request_timeout_s: float
+) -> ExecutionProfile:
+    """The one profile every request runs with."""
+    return ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc or "")),
+        consistency_level=consistency,
+        serial_consistency_level=serial_consistency,
+        request_timeout=request_timeout_s,
+        row_factory=dict_factory,
+        # Every failure reaches this layer, which decides it (a serial re-read, a
+        # retry of the step, Recoverable): the driver's default would re-send on
+        # overload or server errors unseen, conditional writes included.
+        retry_policy=FallthroughRetryPolicy(),
+    )
+
+
 def _contact_points(points: Sequence[str], port: int, routes: NodeRoutes | None) -> list[Any]:
     if not routes:
         return list(points)
@@ -160,7 +185,8 @@ class CqlSession:
         serial_consistency: int,
         request_timeout_s: float,
         *,
-        direct: bool = True,
+        send_path: SendPath = "auto",
+        events: Counter[str] | None = None,
     ) -> None:
         self._cluster = cluster
         self._session = session
@@ -171,8 +197,14 @@ class CqlSession:
         self._prepared: dict[str, PreparedStatement] = {}
         self._closed = False
         self.interceptor: Interceptor | None = None
+        self.send_path = send_path
+        self.events: Counter[str] = Counter() if events is None else events
+        """What the session noticed, by kind (``direct_path_refused``); the backend's
+        ``Backend.events``."""
+        self.off_loop = OffLoop()
+        """Driver requests started off the loop because a borrow could wait (``borrow.py``)."""
         self.direct: DirectSender | None = None
-        if direct:
+        if send_path != "driver":
             self.direct = DirectSender(session, asyncio.get_running_loop(), self._driver_send)
 
     # --- connecting and closing ----------------------------------------------
@@ -192,40 +224,32 @@ class CqlSession:
         serial_consistency: str = "SERIAL",
         request_timeout_s: float = 5.0,
         node_routes: NodeRoutes | None = None,
-        direct: bool = True,
+        send_path: SendPath = "auto",
+        events: Counter[str] | None = None,
+        tls: ClusterTls | None = None,
     ) -> CqlSession:
         """Connect, or raise StoreUnavailable / StoreInvalid (never naming a host)."""
         if not contact_points:
             raise StoreInvalid("scylla: at least one contact point is required")
         cl = consistency_level(consistency, CONSISTENCY_LEVELS)
         serial = consistency_level(serial_consistency, SERIAL_LEVELS)
-        profile = ExecutionProfile(
-            load_balancing_policy=TokenAwarePolicy(
-                DCAwareRoundRobinPolicy(local_dc=local_dc or "")
-            ),
-            consistency_level=cl,
-            serial_consistency_level=serial,
-            request_timeout=request_timeout_s,
-            row_factory=dict_factory,
-            # Every failure reaches this layer, which decides it (a serial re-read, a
-            # retry of the step, Recoverable): the driver's default would re-send on
-            # overload or server errors unseen, conditional writes included.
-            retry_policy=FallthroughRetryPolicy(),
-        )
+        profile = execution_profile(local_dc, cl, serial, request_timeout_s)
         auth = None
         if username is not None:
             auth = PlainTextAuthProvider(username=username, password=password or "")
         routed: dict[str, Any] = {}
+        if tls is None:  # the loop reactor does not speak TLS: the driver's own then
+            routed["connection_class"] = loop_connection_class(asyncio.get_running_loop())
+        else:
+            routed["ssl_context"] = tls.context()
         if node_routes:
-            routed = {
-                "endpoint_factory": RoutedEndPointFactory(node_routes, port),
-                "shard_aware_options": ShardAwareOptions(disable_shardaware_port=True),
-            }
+            routed["endpoint_factory"] = RoutedEndPointFactory(node_routes, port)
+            routed["shard_aware_options"] = ShardAwareOptions(disable_shardaware_port=True)
         try:
             cluster = Cluster(
                 _contact_points(contact_points, port, node_routes),
                 port=port,
-                protocol_version=4,
+                protocol_version=PROTOCOL_VERSION,
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
                 auth_provider=auth,
                 connect_timeout=request_timeout_s,
@@ -233,7 +257,6 @@ class CqlSession:
                 # The driver's default backs off to 10 minutes: after a whole-cluster
                 # outage a replica would stay NOT_SERVING that long once it is back.
                 reconnection_policy=ExponentialReconnectionPolicy(0.5, RECONNECT_MAX_DELAY_S),
-                connection_class=loop_connection_class(asyncio.get_running_loop()),
                 # CQL frames here are small; lz4 saved nothing measurable and hides the
                 # frame bodies from a counting proxy (toolkit/bench/cqlwire.py).
                 compression=False,
@@ -250,7 +273,22 @@ class CqlSession:
             what = "authentication failed" if _is_auth(exc) else "cannot connect to the cluster"
             raise StoreUnavailable(f"scylla: {what} ({type(exc).__name__})") from None
         session.default_fetch_size = None  # every query carries its own LIMIT
-        return cls(cluster, session, keyspace, requests, serial, request_timeout_s, direct=direct)
+        cql = cls(
+            cluster,
+            session,
+            keyspace,
+            requests,
+            serial,
+            request_timeout_s,
+            send_path=send_path,
+            events=events,
+        )
+        try:
+            cql.check_driver()
+        except BaseException:
+            await cql.close()
+            raise
+        return cql
 
     @property
     def session_id(self) -> str:
@@ -264,6 +302,7 @@ class CqlSession:
             return
         self._closed = True
         await asyncio.to_thread(self._cluster.shutdown)
+        self.off_loop.close()
 
     # --- preparing -------------------------------------------------------------
 
@@ -287,6 +326,52 @@ class CqlSession:
         except DRIVER_ERRORS as exc:
             raise _translate(exc, "read") from None
         self._prepared.update(prepared)
+        if self.direct is not None:
+            self._check_frames(prepared.values())
+
+    def check_driver(self) -> None:
+        """The installed driver is the one the direct path was built for, with every
+        part it uses, or the direct path is refused (``send_path``)."""
+        if self.direct is None:
+            return
+        try:
+            paths.check_version()
+            paths.check_parts(self._session)
+        except PathMismatch as exc:
+            self.refuse_direct(str(exc))
+
+    def _check_frames(self, statements: Iterable[PreparedStatement]) -> None:
+        """The direct path's frames of these statements are the driver's own, or it
+        is refused (``send_path``)."""
+        if self.direct is None:
+            return
+        features: list[Any] = [None]  # Cassandra's: no extensions
+        for pool in list(self._session._pools.values()):
+            features.extend(c.features for c in list(pool._connections.values())[:1])
+        try:
+            paths.check_frames(self.direct, statements, features)
+        except PathMismatch as exc:
+            self.refuse_direct(str(exc))
+        except Exception as exc:  # a driver part changed in a way no check names
+            self.refuse_direct(f"{type(exc).__name__} while comparing frames")
+
+    def refuse_direct(self, reason: str) -> None:
+        """The direct path does not match the driver: one warning, one event, and
+        every request through the driver from now on; with send path ``direct``,
+        StoreMisconfigured instead. ``reason`` names no host, value or CQL."""
+        if self.send_path == "direct":
+            raise StoreMisconfigured(
+                f"scylla: the direct send path does not match the installed driver ({reason})",
+                f"install scylla-driver=={BUILT_FOR}, or set MC_SCYLLA_SEND_PATH=auto",
+            )
+        if self.direct is None:
+            return
+        self.direct = None
+        self.events["direct_path_refused"] += 1
+        log.warning(
+            "scylla: the direct send path is off, every request goes through the driver: %s",
+            reason,
+        )
 
     # --- executing -------------------------------------------------------------
 
@@ -327,7 +412,8 @@ class CqlSession:
         values of the columns the condition tested (ScyllaDB and Cassandra differ
         in what else they return, so callers treat them as hints only)."""
         self.requests["lwt"] += 1
-        rows = await self._run(name, Call(((self._prepared[name], params),)), "cas")
+        call = Call(((self._prepared[name], params),), conditional=True)
+        rows = await self._run(name, call, "cas")
         return _applied(rows), rows
 
     async def cas_batch(self, items: Sequence[tuple[str, Params]]) -> bool:
@@ -337,7 +423,8 @@ class CqlSession:
     async def cas_batch_rows(self, items: Sequence[tuple[str, Params]]) -> tuple[bool, list[Row]]:
         """``cas_batch``, with the rows the server returned (see ``cas_rows``)."""
         self.requests["lwt"] += 1
-        rows = await self._run(f"batch:{items[0][0]}", Call(self._items(items), batch=True), "cas")
+        call = Call(self._items(items), batch=True, conditional=True)
+        rows = await self._run(f"batch:{items[0][0]}", call, "cas")
         return _applied(rows), rows
 
     def _items(self, items: Sequence[tuple[str, Params]]) -> list[tuple[PreparedStatement, Params]]:
@@ -376,7 +463,11 @@ class CqlSession:
         (``direct.py``) or, when that path cannot send it, through the driver's
         ``execute_async``."""
         if self.direct is not None:
-            sent = self.direct.send(call, self._timeout)
+            try:
+                sent = self.direct.send(call, self._timeout)
+            except Exception as exc:  # nothing was sent; a driver part no longer fits
+                self.refuse_direct(f"{type(exc).__name__} on the direct path")
+                sent = None
             if sent is not None:
                 return sent
         return self._driver_send(call.statement(), self._timeout)
@@ -386,10 +477,18 @@ class CqlSession:
     ) -> asyncio.Future[list[Row]]:
         """The driver's request as an asyncio future. Its callbacks run on this loop
         (``reactor.py``), so they resolve the future directly; the driver's own
-        timer (``limit_s``) fails it with OperationTimedOut."""
+        timer (``limit_s``) fails it with OperationTimedOut. Started on the loop
+        only when its borrow cannot wait, else on a thread (``borrow.py``)."""
         result: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
-        future = self._session.execute_async(statement, params, timeout=limit_s)
-        future.add_callbacks(_resolve, _fail, callback_args=(result,), errback_args=(result,))
+
+        def start(timeout_s: float) -> None:
+            future = self._session.execute_async(statement, params, timeout=timeout_s)
+            future.add_callbacks(_resolve, _fail, callback_args=(result,), errback_args=(result,))
+
+        if streams_free(self._session):
+            start(limit_s)
+        else:
+            self.off_loop.submit(start, lambda exc: _fail(exc, result), limit_s)
         return result
 
 
@@ -423,9 +522,10 @@ def _settle(
 
 
 def _applied(rows: list[Row]) -> bool:
-    """The ``[applied]`` flag only; other returned columns differ between servers."""
+    """The ``[applied]`` flag only; other returned columns differ between servers.
+    An answer without it says nothing of whether the write applied: unknown."""
     if not rows or "[applied]" not in rows[0]:
-        raise StoreUnavailable("scylla: a conditional write returned no [applied] flag")
+        raise StoreOutcomeUnknown("scylla: a conditional write returned no [applied] flag")
     return bool(rows[0]["[applied]"])
 
 
@@ -449,6 +549,11 @@ def _translate(exc: BaseException, mode: Mode) -> StoreError:
         return StoreUnavailable(f"scylla: authentication failed ({kind})")
     if mode == "serial":
         return StoreOutcomeUnknown(f"scylla: a serial re-read failed, outcome unknown ({kind})")
+    if isinstance(exc, NoHostAvailable):
+        # The driver ran out of hosts before any of them took the request (with
+        # FallthroughRetryPolicy an error after sending is raised as itself):
+        # nothing was sent, so nothing can have applied.
+        return StoreUnavailable(f"scylla: no host took the request, nothing was sent ({kind})")
     if mode == "cas" or (
         mode == "write" and isinstance(exc, WriteTimeout | WriteFailure | OperationTimedOut)
     ):

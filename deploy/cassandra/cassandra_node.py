@@ -177,7 +177,11 @@ class CassandraNode:
         storage_port: int | None = None,
         placement: Placement | None = None,
         sizing: Sizing | None = None,
+        extra_config: str = "",
     ) -> None:
+        """``extra_config``: cassandra.yaml lines appended as they are (e.g. a test's
+        ``client_encryption_options``)."""
+        self.extra_config = extra_config
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cassandra-")).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._host = host
@@ -267,6 +271,7 @@ concurrent_counter_writes: 4
 concurrent_compactors: 1
 compaction_throughput: {size.compaction_mib_per_s}MiB/s
 native_transport_max_threads: {size.native_transport_max_threads}
+{self.extra_config}
 """)
         return conf
 

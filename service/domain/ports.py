@@ -345,6 +345,9 @@ class Backend:
     requests: Counter[str] = field(default_factory=Counter)
     """Backend requests issued, by kind ("redis_call", "lwt", "statement"...);
     the backend increments it, the metrics layer exports it."""
+    events: Counter[str] = field(default_factory=Counter)
+    """What the backend noticed about itself, by kind (Scylla: "direct_path_refused",
+    the direct send path turned off); exported like ``requests``."""
     delivery: DeliveryPorts | None = None
     """Mailboxes, outbox partitions, the conversation index and history records
     (``service.domain.delivery``); None only for wrappers built by tests."""

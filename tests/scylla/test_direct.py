@@ -10,6 +10,7 @@ connection fails every request on it, also from a driver thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -17,13 +18,17 @@ from collections.abc import AsyncIterator
 import pytest
 from cassandra import OperationTimedOut
 from cassandra.connection import ConnectionException, ConnectionShutdown
+from cassandra.pool import NoConnectionsAvailable
 from cassandra.protocol import ProtocolHandler
 
+from backends.scylla import direct as direct_module
+from backends.scylla import send_path
 from backends.scylla.commits import COLUMNS as COMMIT_COLUMNS
 from backends.scylla.direct import Call, DirectSender
 from backends.scylla.history import READ_COLUMNS as HISTORY_COLUMNS
 from backends.scylla.session import CqlSession
 from service.domain.errors import StoreOutcomeUnknown, StoreUnavailable
+from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 
 pytestmark = pytest.mark.scylla
@@ -36,6 +41,7 @@ STATEMENTS = {
     "bump": "UPDATE {ks}.%s SET v = ? WHERE a = ? AND b = ? AND c = ? IF v = ?",
     "get": "SELECT c, v FROM {ks}.%s WHERE a = ? AND b = ?",
     "get_all": "SELECT * FROM {ks}.%s WHERE a = ? AND b = ?",
+    "get_commented": "SELECT /*x*/ * FROM {ks}.%s WHERE a = ? AND b = ?",
 }
 
 
@@ -176,29 +182,39 @@ async def test_a_broken_connection_fails_every_request_on_it(
     assert direct.sent == sent + 1
 
 
-async def test_a_read_that_names_its_columns_asks_for_rows_without_metadata(
+async def test_no_read_asks_for_rows_without_metadata_unless_the_id_was_negotiated(
     cql: CqlSession,
 ) -> None:
+    """SKIP_METADATA only where the node can tell a stale cache (Scylla's metadata
+    id), as the driver does: never on Cassandra's v4, whatever the SELECT looks
+    like (a comment before ``*`` used to pass for named columns)."""
     direct = _direct(cql)
-    named, star = (direct._plan(cql._prepared[n]) for n in ("get", "get_all"))
-    assert named.skip_metadata and not star.skip_metadata
-    assert not direct._plan(cql._prepared["put_new"]).skip_metadata
-    for plan, skipped in [(named, True), (star, False)]:
-        values = plan.encode(("a", "b"))
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    assert not connection.features.use_metadata_id  # Cassandra
+    for name in ("get", "get_all", "get_commented", "put_new"):
+        plan = direct._plan(cql._prepared[name])
+        values = plan.encode(("a", "b") if name.startswith("get") else ("a", "b", 1, 1))
         frame = ProtocolHandler.encode_message(
-            direct._message(Call(((plan.prepared, ("a", "b")),)), [(values, plan)]),
+            direct._message(Call(((plan.prepared, values),)), [(values, plan)]),
             1,
             4,
             compressor=None,
             allow_beta_protocol_version=False,
-            protocol_features=None,  # Cassandra: no Scylla extensions
+            protocol_features=connection.features,
         )
         body = frame[9:]
         flags = body[2 + len(plan.prepared.query_id) + 2]  # [short bytes id][short cl][byte flags]
-        assert bool(flags & SKIP_METADATA) is skipped
+        assert not flags & SKIP_METADATA, name
     await cql.write("put", ("a", "b", 1, 10))
     assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}]
     assert await cql.read("get_all", ("a", "b")) == [{"a": "a", "b": "b", "c": 1, "v": 10}]
+    # A column added after PREPARE is seen by the star reads (their metadata comes along).
+    await cql.simple(f"ALTER TABLE {{ks}}.{cql.probe} ADD w text", timeout_s=30)  # type: ignore[attr-defined]
+    await cql.simple(f"UPDATE {{ks}}.{cql.probe} SET w = 'x' WHERE a = 'a' AND b = 'b' AND c = 1")  # type: ignore[attr-defined]
+    for name in ("get_all", "get_commented"):
+        rows = await cql.read(name, ("a", "b"))
+        assert rows == [{"a": "a", "b": "b", "c": 1, "v": 10, "w": "x"}], name
 
 
 @pytest.mark.parametrize(
@@ -215,3 +231,103 @@ async def test_the_backends_named_reads_name_every_column(
         raw=True,
     )
     assert sorted(columns) == sorted(r["column_name"] for r in rows)
+
+
+async def test_the_backend_checks_every_statement_it_prepares_and_keeps_the_direct_path(
+    scylla: ScyllaHarness,
+) -> None:
+    backend = await scylla.open()
+    cql = store_of(backend)._cql
+    assert cql.direct is not None and not backend.events
+    frames = send_path.check_frames(cql.direct, cql._prepared.values(), [None])
+    assert frames == 3 * len(cql._prepared) > 100
+
+
+async def test_a_driver_part_that_breaks_at_run_time_turns_the_path_off_loudly(
+    cql: CqlSession, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a silent hand-over per request: one warning, one event, then the driver."""
+
+    def changed(*args: object, **kwargs: object) -> None:
+        raise TypeError("__init__() got an unexpected keyword argument")
+
+    monkeypatch.setattr(direct_module, "ExecuteMessage", changed)
+    with caplog.at_level(logging.WARNING, logger="backends.scylla.session"):
+        await cql.write("put", ("a", "b", 1, 10))
+        await cql.write("put", ("a", "b", 2, 20))
+    assert cql.direct is None and cql.events == {"direct_path_refused": 1}
+    warned = [r for r in caplog.records if "direct send path is off" in r.getMessage()]
+    assert len(warned) == 1 and "TypeError" in warned[0].getMessage()
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 10}, {"c": 2, "v": 20}]
+
+
+async def test_a_pool_shut_down_between_the_check_and_the_borrow_hands_the_request_over(
+    cql: CqlSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The borrow then raises ConnectionException ("Pool is shutdown"): nothing was
+    sent, so the driver's path takes it (here the pool is back by then) instead of
+    a conditional write reported unknown and a read unavailable."""
+    pool = next(iter(cql._session._pools.values()))
+    borrow = pool.borrow_connection
+    calls: list[int] = []
+
+    def shut_down_once(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) in (1, 3):  # the first borrow of each request: the direct path's
+            raise ConnectionException("Pool for h is shutdown")
+        return borrow(*args, **kwargs)
+
+    direct = _direct(cql)
+    monkeypatch.setattr(pool, "borrow_connection", shut_down_once)
+    assert await cql.cas("put_new", ("a", "b", 1, 1))
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]
+    assert direct.passed["stream"] == 2 and cql.direct is direct and len(calls) == 4
+
+
+async def _lag(seconds: float) -> float:
+    """The worst lateness of a 20 ms tick over ``seconds`` (the loop's lag)."""
+    loop = asyncio.get_running_loop()
+    worst, tick = 0.0, 0.02
+    for _ in range(int(seconds / tick)):
+        before = loop.time()
+        await asyncio.sleep(tick)
+        worst = max(worst, loop.time() - before - tick)
+    return worst
+
+
+@pytest.mark.parametrize("path", ["direct", "driver"])
+async def test_the_loop_stays_responsive_while_every_stream_of_the_connection_is_held(
+    cql: CqlSession, path: str
+) -> None:
+    """The borrow used to wait on a threading.Condition on the loop thread, 2 s for
+    the direct path and 2 s more for the driver's; nothing could free a stream
+    meanwhile, so every RPC, deadline and health check stalled ~4 s."""
+    if path == "driver":
+        cql.direct = None
+    pool = next(iter(cql._session._pools.values()))
+    (connection,) = pool._connections.values()
+    held: list[int] = []
+    for _ in range(connection.max_request_id + 1):  # every stream, as requests would hold them
+        try:
+            held.append(pool.borrow_connection(timeout=0)[1])
+        except NoConnectionsAvailable:
+            break
+    assert connection.in_flight == connection.max_request_id
+    pending: list[asyncio.Task[object]] = [
+        asyncio.create_task(cql.read("get", ("a", "other"))),
+        asyncio.create_task(cql.cas("put_new", ("a", "b", 1, 1))),
+    ]
+    try:
+        lag = await _lag(1.0)
+        waiting = not any(task.done() for task in pending)  # for a stream, off the loop
+    finally:
+        for request_id in held:  # give the streams back: the waiting borrows get them
+            with connection.lock:
+                connection.request_ids.append(request_id)
+            pool.return_connection(connection)
+    assert lag < 1.0, lag  # the borrow alone used to hold it 2 s; generous for a busy box
+    assert waiting
+    read, applied = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+    assert read == [] and applied is True
+    assert cql.off_loop.started == 2
+    assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]

@@ -90,10 +90,11 @@ def _launcher() -> ModuleType:
     return module
 
 
-def start_node(data_dir: Path) -> Any:
-    """A started CassandraNode in ``data_dir``; a failed start fails the test with its log."""
+def start_node(data_dir: Path, extra_config: str = "") -> Any:
+    """A started CassandraNode in ``data_dir`` (``extra_config``: cassandra.yaml lines
+    to add); a failed start fails the test with its log."""
     launcher = _launcher()
-    node = launcher.CassandraNode(data_dir)
+    node = launcher.CassandraNode(data_dir, extra_config=extra_config)
     try:
         launcher.ensure_jars()
         node.start(START_TIMEOUT_S)
