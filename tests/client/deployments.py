@@ -19,12 +19,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from service.domain.faults import RelayPoint
 from tests.client.support import TENANT, MemoryServers, admin
 from tests.e2e.process import RelayProcess, ServeProcess
 from tests.support import unique
-
-HOLD = 1_000_000
 
 
 class Deployment(Protocol):
@@ -68,7 +65,7 @@ class MemoryDeployment:
         await self.servers.kill()
 
     async def hold_delivery(self) -> None:
-        self.servers.faults.arm(RelayPoint.AFTER_CLAIM, times=HOLD)
+        self.servers.hold_relay()
 
     async def release_delivery(self) -> None:
         self.servers.faults.disarm_all()

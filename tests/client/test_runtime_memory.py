@@ -170,7 +170,7 @@ async def test_ack_lost_with_the_server_killed_is_reconciled_by_cmid_after_both_
     await alice.start()
     await bob.start()
     await alice.online()
-    servers.faults.arm(RelayPoint.AFTER_CLAIM, times=1_000_000)  # no deliveries for now
+    servers.hold_relay()  # no deliveries for now, through the restarts too
     servers.faults.arm(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
     await alice.send("general", "did you get this?", cmid="lost-ack")
     await eventually(lambda: _left_online(alice))
@@ -262,7 +262,7 @@ async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
     alice = new_client("alice", config=slow)
     await alice.start()
     await alice.online()
-    servers.faults.arm(RelayPoint.AFTER_CLAIM, times=1_000_000)
+    servers.hold_relay()
     servers.faults.arm(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
     await alice.send("general", "long ago", cmid="old-send")
     await eventually(lambda: _left_online(alice))

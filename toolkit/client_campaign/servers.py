@@ -15,7 +15,7 @@ from typing import Any
 from backends.memory import MemoryState, open_memory_backend
 from service.bootstrap import build_server
 from service.config import ServiceConfig
-from service.domain.faults import FaultPoints
+from service.domain.faults import FaultPoints, RelayPoint
 from service.server import CommitServer
 from toolkit.campaign.faulty import FaultyStore
 
@@ -33,6 +33,7 @@ FAST_SERVER = ServiceConfig(
     relay_lease=1.0,
 )
 """Short intervals: hints, deliveries and recovery within tens of milliseconds."""
+HOLD_HITS = 1_000_000
 
 
 class MemoryServers:
@@ -65,6 +66,13 @@ class MemoryServers:
         await self.server.start()
         self.port = self.server.grpc_port
         self.starts += 1
+
+    def hold_relay(self) -> None:
+        """No deliveries until ``disarm_all`` and a restart: the relay stops at its next
+        claim, and a relay started meanwhile stops at its takeover, before it could
+        deliver what the stopped one had claimed (reconciliation passes no claim)."""
+        self.faults.arm(RelayPoint.AFTER_CLAIM, times=HOLD_HITS)
+        self.faults.arm(RelayPoint.AFTER_TAKEOVER, times=HOLD_HITS)
 
     async def kill(self) -> None:
         """Stop at once: in-flight calls are cancelled, nothing is drained."""
