@@ -62,6 +62,9 @@ class PhaseResult:
     ok: int = 0
     latencies_us: array[float] = field(default_factory=lambda: array("d"))
     """Latency of every call that got its expected outcome, in microseconds."""
+    completions: array[float] = field(default_factory=lambda: array("d"))
+    """When each of those calls ended (``time.time()``, comparable across the client
+    processes): the sustained phase's rate over its first and last commits."""
     expected: Counter[str] = field(default_factory=Counter)
     """Expected outcomes by status code (OK, ALREADY_EXISTS)."""
     errors: Counter[str] = field(default_factory=Counter)
@@ -86,6 +89,7 @@ class PhaseResult:
             out.calls += part.calls
             out.ok += part.ok
             out.latencies_us.extend(part.latencies_us)
+            out.completions.extend(part.completions)
             out.expected.update(part.expected)
             out.errors.update(part.errors)
             out.client_cpu_s += part.client_cpu_s
@@ -147,6 +151,7 @@ class Tally:
         if expected:
             r.ok += 1
             r.latencies_us.append(latency_s * 1e6)
+            r.completions.append(time.time())
             r.expected[outcome] += 1
         else:
             r.errors[outcome] += 1

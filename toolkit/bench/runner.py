@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from service.domain.limits import CommitLimits
+from toolkit.bench import slope
 from toolkit.bench.driver import BenchError, ClientPool, create_population
 from toolkit.bench.environment import Target
 from toolkit.bench.floors import StorageDriver, ensure_population, lwt_floor_op, run_ops
+from toolkit.bench.relayproc import RelayProcess
 from toolkit.bench.report import BackendReport, Phase, Round
 from toolkit.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 
@@ -29,6 +31,10 @@ FLOOR_DESCRIPTIONS = {
     "committer-floor": "MessageCommitter.commit_send in-process: no gRPC, no metrics",
     "lwt-floor": "one INSERT ... IF NOT EXISTS per op through the backend's own CQL session",
 }
+SUSTAINED = "sustained"
+SUSTAINED_TEXT = "--sustained fresh sends with the relay delivering: last 10 % vs first 10 %"
+SUSTAINED_LIMIT_S = 3600.0
+"""Time bound of the sustained phase (it ends at its commit count)."""
 SERIAL = "fresh-serial"
 """Fresh sends from one stream, once per backend: per-commit cost without contention."""
 
@@ -92,10 +98,11 @@ class BackendBench:
         self.progress = progress
         self.report = BackendReport(target.backend, target.description, notes=list(target.notes))
 
-    def _jobs(self, kind: Kind, duration: float, serial: int = 0) -> list[Job]:
-        """One job per client process; ``serial`` > 0: that many calls from one stream."""
+    def _jobs(self, kind: Kind, duration: float, serial: int = 0, total: int = 0) -> list[Job]:
+        """One job per client process; ``serial`` > 0: that many calls from one stream;
+        ``total`` > 0: that many in all (else ``--requests``, else time only)."""
         a = self.args
-        max_calls = serial or a.requests or MAX_CALLS
+        max_calls = serial or total or a.requests or MAX_CALLS
         streams = [1] + [0] * (a.clients - 1) if serial else _split(a.concurrency, a.clients)
         calls = [serial] + [0] * (a.clients - 1) if serial else _split(max_calls, a.clients)
         start_at = time.time() + 0.2
@@ -118,11 +125,13 @@ class BackendBench:
             for streams, calls in zip(streams, calls, strict=True)
         ]
 
-    async def grpc_phase(self, kind: Kind, duration: float, label: str, serial: int = 0) -> Round:
+    async def grpc_phase(
+        self, kind: Kind, duration: float, label: str, serial: int = 0, total: int = 0
+    ) -> Round:
         self.progress.begin(f"[{self.target.backend}] {label}", duration)
         before = await self.target.requests()
         limit = duration + self.args.timeout + 60
-        jobs = self._jobs(kind, duration, serial)
+        jobs = self._jobs(kind, duration, serial, total)
         try:
             result = await self.pool.run(jobs, self.progress.tick, limit)
         finally:
@@ -141,6 +150,19 @@ class BackendBench:
         finally:
             self.progress.end()
         return Round(result, _delta(before, await self.target.requests()))
+
+    async def sustained_phase(self) -> Round:
+        """``--sustained`` fresh commits with the relay running; sets the report's slope."""
+        a = self.args
+
+        async def phase() -> Round:
+            return await self.grpc_phase(
+                Kind.FRESH, SUSTAINED_LIMIT_S, SUSTAINED, total=a.sustained
+            )
+
+        got = await _with_relay(self.target, phase)
+        self.report.slope = slope.measure(got.result.completions, self.target.relay)
+        return got
 
     async def run(self) -> BackendReport:
         a = self.args
@@ -179,9 +201,13 @@ class BackendBench:
                 rounds.setdefault(kind.value, []).append(got)
             for name, op in floors:
                 rounds.setdefault(name, []).append(await self.floor_phase(op, name + suffix))
+        if Kind.FRESH in a.kinds and a.sustained:
+            rounds[SUSTAINED] = [await self.sustained_phase()]
         for name, measured in rounds.items():
             if name == SERIAL:
                 kind_name, text = "workload", "new sends from ONE stream: the uncontended cost"
+            elif name == SUSTAINED:
+                kind_name, text = "workload", SUSTAINED_TEXT
             elif name in FLOOR_DESCRIPTIONS:
                 kind_name, text = "floor", FLOOR_DESCRIPTIONS[name]
             else:
@@ -206,6 +232,18 @@ class BackendBench:
                 self.target.redis_url, a.body_bytes
             )
         return self.report
+
+
+async def _with_relay(target: Target, phase: Callable[[], Awaitable[Round]]) -> Round:
+    """Run ``phase`` with the relay delivering: inside serve, or a process beside it."""
+    if target.relay_config is None:
+        return await phase()
+    relay = RelayProcess(target.relay_config)
+    await relay.start()
+    try:
+        return await phase()
+    finally:
+        await relay.stop()
 
 
 def _delta(before: Counter[str] | None, after: Counter[str] | None) -> Counter[str] | None:
