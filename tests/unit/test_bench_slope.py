@@ -30,3 +30,12 @@ def test_a_phase_that_slows_down_shows_it_in_its_last_tenth() -> None:
 def test_too_few_commits_have_no_slope() -> None:
     assert measure([0.1 * n for n in range(19)], "inside serve") is None
     assert measure([], "inside serve") is None
+
+
+def test_commits_after_the_first_client_stopped_are_left_out() -> None:
+    both = [n / 1000 for n in range(1000)]  # two processes: 1,000/s until t = 1
+    alone = [1 + (n + 1) / 500 for n in range(300)]  # then one process alone: 500/s
+    slope = measure(both + alone, "inside serve", until=both[-1])
+    assert slope is not None
+    assert slope.commits == 1000
+    assert slope.ratio == pytest.approx(1.0)

@@ -71,6 +71,9 @@ class PhaseResult:
     """Unexpected outcomes by status code, WRONG_ANSWER or WRONG_ACK."""
     started: float = 0.0
     ended: float = 0.0
+    first_ended: float = 0.0
+    """When the first client process stopped (merged: the end of the span in which
+    every process was sending; one process: its own end)."""
     client_cpu_s: float = 0.0
     """CPU time the client processes spent (0 for in-process floors)."""
     server_cpu_s: float = 0.0
@@ -98,6 +101,7 @@ class PhaseResult:
         if parts:
             out.started = min(p.started for p in parts)
             out.ended = max(p.ended for p in parts)
+            out.first_ended = min(p.first_ended or p.ended for p in parts)
         return out
 
 

@@ -161,7 +161,9 @@ class BackendBench:
             )
 
         got = await _with_relay(self.target, phase)
-        self.report.slope = slope.measure(got.result.completions, self.target.relay)
+        self.report.slope = slope.measure(
+            got.result.completions, self.target.relay, got.result.first_ended
+        )
         return got
 
     async def run(self) -> BackendReport:
