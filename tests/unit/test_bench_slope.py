@@ -39,3 +39,16 @@ def test_commits_after_the_first_client_stopped_are_left_out() -> None:
     assert slope is not None
     assert slope.commits == 1000
     assert slope.ratio == pytest.approx(1.0)
+
+
+def test_cpu_per_commit_of_each_tenth_comes_from_the_samples() -> None:
+    times = [n / 100 for n in range(1001)]  # 100 commits/s for 10 s
+    # CPU: 1 ms per commit over the first 5 s, then 2 ms per commit
+    samples = [(t / 2, 0.1 * t / 2 if t <= 10 else 0.5 + 0.2 * (t / 2 - 5)) for t in range(21)]
+    slope = measure(times, "inside serve", cpu=samples)
+    assert slope is not None and slope.cpu_ratio is not None
+    assert slope.first_cpu_us == pytest.approx(1000)
+    assert slope.last_cpu_us == pytest.approx(2000)
+    assert slope.cpu_ratio == pytest.approx(0.5)
+    unsampled = measure(times, "inside serve")
+    assert unsampled is not None and unsampled.cpu_ratio is None

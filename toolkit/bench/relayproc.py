@@ -89,6 +89,18 @@ class RelayProcess:
         await self.stop()
         raise BenchError(f"the relay process was not ready within {READY_S:.0f} s")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the relay process used so far (Linux /proc; 0 when unknown)."""
+        process = self._process
+        if process is None:
+            return 0.0
+        try:
+            with open(f"/proc/{process.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     async def stop(self) -> None:
         process, self._process = self._process, None
         if process is None or process.returncode is not None:

@@ -8,6 +8,7 @@ report takes medians over rounds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from service.domain.limits import CommitLimits
+from service.tasks import wait_event
 from toolkit.bench import slope
 from toolkit.bench.driver import BenchError, ClientPool, create_population
 from toolkit.bench.environment import Target
@@ -33,6 +35,8 @@ FLOOR_DESCRIPTIONS = {
 }
 SUSTAINED = "sustained"
 SUSTAINED_TEXT = "--sustained fresh sends with the relay delivering: last 10 % vs first 10 %"
+CPU_SAMPLE_S = 0.2
+"""How often the sustained phase samples the server's (and its relay's) CPU."""
 SUSTAINED_LIMIT_S = 3600.0
 """Time bound of the sustained phase (it ends at its commit count)."""
 SERIAL = "fresh-serial"
@@ -153,16 +157,31 @@ class BackendBench:
 
     async def sustained_phase(self) -> Round:
         """``--sustained`` fresh commits with the relay running; sets the report's slope."""
-        a = self.args
+        target, total = self.target, self.args.sustained
+        relay = RelayProcess(target.relay_config) if target.relay_config is not None else None
+        samples: list[tuple[float, float]] = []
 
-        async def phase() -> Round:
-            return await self.grpc_phase(
-                Kind.FRESH, SUSTAINED_LIMIT_S, SUSTAINED, total=a.sustained
-            )
+        async def sample(stop: asyncio.Event) -> None:
+            while not stop.is_set():  # ends with the phase
+                cpu = time.process_time() + (relay.cpu_s() if relay is not None else 0.0)
+                samples.append((time.time(), cpu))
+                await wait_event(stop, CPU_SAMPLE_S)
 
-        got = await _with_relay(self.target, phase)
+        if relay is not None:
+            await relay.start()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample(stop)) if target.server is not None else None
+        try:
+            got = await self.grpc_phase(Kind.FRESH, SUSTAINED_LIMIT_S, SUSTAINED, total=total)
+        finally:
+            stop.set()
+            if sampler is not None:
+                await sampler
+            if relay is not None:
+                await relay.stop()
+        result = got.result
         self.report.slope = slope.measure(
-            got.result.completions, self.target.relay, got.result.first_ended
+            result.completions, target.relay, result.first_ended, samples
         )
         return got
 
@@ -234,18 +253,6 @@ class BackendBench:
                 self.target.redis_url, a.body_bytes
             )
         return self.report
-
-
-async def _with_relay(target: Target, phase: Callable[[], Awaitable[Round]]) -> Round:
-    """Run ``phase`` with the relay delivering: inside serve, or a process beside it."""
-    if target.relay_config is None:
-        return await phase()
-    relay = RelayProcess(target.relay_config)
-    await relay.start()
-    try:
-        return await phase()
-    finally:
-        await relay.stop()
 
 
 def _delta(before: Counter[str] | None, after: Counter[str] | None) -> Counter[str] | None:
