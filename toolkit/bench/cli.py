@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="fresh commits of the sustained phase, relay running (100000; quick 2000; 0: skip)",
     )
+    p.add_argument(
+        "--sustained-workload",
+        choices=("fresh", "hot"),
+        default="fresh",
+        help="what the sustained phase sends: spread conversations, or all to the hot one",
+    )
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds (2)")
     p.add_argument("--body-bytes", type=int, default=100, help="inline body size")
     p.add_argument("--conversations", type=int, default=None, help="spread conversations (1000)")
@@ -299,6 +305,7 @@ def _json_settings(
         "rounds": args.rounds,
         "serial_commits": args.serial_commits,
         "sustained": args.sustained,
+        "sustained_workload": args.sustained_workload,
         "warmup_s": args.warmup,
         "body_bytes": args.body_bytes,
         "conversations": args.conversations,

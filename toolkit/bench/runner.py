@@ -34,7 +34,7 @@ FLOOR_DESCRIPTIONS = {
     "lwt-floor": "one INSERT ... IF NOT EXISTS per op through the backend's own CQL session",
 }
 SUSTAINED = "sustained"
-SUSTAINED_TEXT = "--sustained fresh sends with the relay delivering: last 10 % vs first 10 %"
+SUSTAINED_TEXT = "--sustained new sends, relay delivering: last 10 % vs first 10 % of them"
 CPU_SAMPLE_S = 0.2
 """How often the sustained phase samples the server's (and its relay's) CPU."""
 SUSTAINED_LIMIT_S = 3600.0
@@ -158,6 +158,7 @@ class BackendBench:
     async def sustained_phase(self) -> Round:
         """``--sustained`` fresh commits with the relay running; sets the report's slope."""
         target, total = self.target, self.args.sustained
+        kind = Kind(self.args.sustained_workload)
         relay = RelayProcess(target.relay_config) if target.relay_config is not None else None
         samples: list[tuple[float, float]] = []
 
@@ -172,7 +173,7 @@ class BackendBench:
         stop = asyncio.Event()
         sampler = asyncio.create_task(sample(stop)) if target.server is not None else None
         try:
-            got = await self.grpc_phase(Kind.FRESH, SUSTAINED_LIMIT_S, SUSTAINED, total=total)
+            got = await self.grpc_phase(kind, SUSTAINED_LIMIT_S, SUSTAINED, total=total)
         finally:
             stop.set()
             if sampler is not None:
