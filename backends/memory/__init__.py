@@ -16,7 +16,9 @@ Layout (every map is keyed by tuples, so ids never collide across tenants):
   seq and the seqs of unfinished intents (pinned against retention);
 * ``queue``: the recovery queue, one entry per unfinished key (creation and
   due time, attempts, last problem, quarantined);
-* ``outbox``: a list; a publication's position is its 1-based index;
+* ``outbox``: the entries not delivered yet, by position (the publish's
+  number, from 1), and one queue per relay partition
+  (``backends.memory.outbox_log``);
 * ``delivery``: mailboxes, the per-user conversation index and the relay's
   partition bookkeeping (``backends.memory.delivery``, ``.partitions``).
 

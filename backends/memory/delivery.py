@@ -8,8 +8,7 @@ module is the behavioural spec of ``MailboxStore`` for the other backends.
 
 from __future__ import annotations
 
-import asyncio
-import bisect
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,28 +31,51 @@ from service.domain.relay import DeadLetter, Fence, RetryMark
 
 @dataclass
 class Lane:
-    """One mailbox lane."""
+    """One mailbox lane: its entries above the watermark, in seq order.
+
+    Seqs are gap-free within an epoch, so the entry of seq ``s`` is at
+    ``front + s - first seq`` of ``stored``: a read slices, a trim moves
+    ``front`` (the list is compacted once the dead prefix is the larger part),
+    and neither looks at the rest of the lane.
+    """
 
     epoch: int = 1
     head: int = 0
     watermark: int = 0
-    entries: list[MailboxEntry] = field(default_factory=list)
+    stored: list[MailboxEntry] = field(default_factory=list)
+    front: int = 0
+    """Index in ``stored`` of the first entry above the watermark."""
     ids: dict[str, int] = field(default_factory=dict)
     fences: dict[str, int] = field(default_factory=dict)
-    group_ends: list[tuple[int, int]] = field(default_factory=list)
+    group_ends: deque[tuple[int, int]] = field(default_factory=deque)
 
     @property
     def state(self) -> LaneState:
         return LaneState(self.epoch, self.head, self.watermark)
 
+    def add(self, entry: MailboxEntry) -> None:
+        self.stored.append(entry)
+        self.ids[entry.record.message_id] = entry.seq
+
+    def after(self, seq: int, limit: int) -> list[MailboxEntry]:
+        """Up to ``limit`` entries with a seq above ``seq``."""
+        if self.front == len(self.stored):
+            return []
+        start = self.front + max(0, seq + 1 - self.stored[self.front].seq)
+        return self.stored[start : start + max(0, limit)]
+
     def trim_to(self, cut: int) -> None:
         if cut <= self.watermark:
             return
-        end = bisect.bisect_right([e.seq for e in self.entries], cut)
-        for entry in self.entries[:end]:
-            self.ids.pop(entry.record.message_id, None)
-        del self.entries[:end]
-        self.group_ends = [g for g in self.group_ends if g[0] > cut]
+        stored = self.stored
+        while self.front < len(stored) and stored[self.front].seq <= cut:
+            self.ids.pop(stored[self.front].record.message_id, None)
+            self.front += 1
+        while self.group_ends and self.group_ends[0][0] <= cut:
+            self.group_ends.popleft()
+        if self.front > len(stored) // 2:
+            del stored[: self.front]
+            self.front = 0
         self.watermark = cut
 
 
@@ -64,8 +86,6 @@ class PartitionState:
     owner: str = ""
     token: int = 0
     expires_ms: int = 0
-    scanned: int = 0
-    """Global outbox index up to which this partition's entries were claimed."""
     sending: dict[str, int] = field(default_factory=dict)
     """Position -> the token it was claimed under, in claim order (sending or retryable)."""
     retry: dict[str, RetryMark] = field(default_factory=dict)
@@ -82,7 +102,6 @@ class DeliveryState:
     index: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     partitions: dict[str, PartitionState] = field(default_factory=dict)
     relays: dict[str, int] = field(default_factory=dict)
-    waiters: set[asyncio.Event] = field(default_factory=set)
 
     def lane(self, mailbox: Mailbox) -> Lane:
         key = (mailbox.tenant, mailbox.kind.value, mailbox.owner)
@@ -90,11 +109,6 @@ class DeliveryState:
         if found is None:
             found = self.lanes[key] = Lane()
         return found
-
-    def ring(self) -> None:
-        """Wake every relay waiting for new outbox entries."""
-        for event in self.waiters:
-            event.set()
 
 
 class MemoryMailboxStore(MailboxStore):
@@ -113,13 +127,12 @@ class MemoryMailboxStore(MailboxStore):
         if lane.fences.get(fence.partition, 0) > fence.token:
             return AppendOutcome(fenced=True)
         lane.fences[fence.partition] = fence.token
-        fresh = rules.new_items(request.items, lane.ids)
+        held = (i.message_id for i in request.items if i.message_id in lane.ids)
+        fresh = rules.new_items(request.items, held)  # not the whole lane's ids
         now = self._clock.now_ms()
         first = lane.head + 1
         for offset, item in enumerate(fresh):
-            seq = first + offset
-            lane.entries.append(MailboxEntry(seq, first, item.record, now))
-            lane.ids[item.message_id] = seq
+            lane.add(MailboxEntry(first + offset, first, item.record, now))
         if fresh:
             lane.head = first + len(fresh) - 1
             lane.group_ends.append((lane.head, now))
@@ -146,12 +159,11 @@ class MemoryMailboxStore(MailboxStore):
         if lane is None:
             return LaneRead(LaneState(), ())
         self._retain(lane, self._clock.now_ms())
-        start = bisect.bisect_right([e.seq for e in lane.entries], after_seq)
-        taken = lane.entries[start : start + limit]
+        taken = lane.after(after_seq, limit)
         if taken:  # complete the last group
             group = taken[-1].group_id
-            rest = lane.entries[start + len(taken) :]
-            taken += [e for e in rest[: rules.MAX_GROUP_ENTRIES] if e.group_id == group]
+            rest = lane.after(taken[-1].seq, rules.MAX_GROUP_ENTRIES)
+            taken += [e for e in rest if e.group_id == group]
         return LaneRead(lane.state, tuple(taken))
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:

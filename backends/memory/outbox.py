@@ -1,9 +1,12 @@
-"""The memory outbox: a list standing in for a stream; positions are 1-based indexes.
+"""The memory outbox: an ``OutboxLog`` standing in for a stream; a position is the
+publish's number, from 1.
 
-The relay reads it as partitions (``backends.memory.partitions``); a publish
-wakes a relay waiting for entries."""
+The relay reads it as partitions (``backends.memory.partitions``) and drops
+what it settled; a publish wakes the relay waiting for its partition."""
 
 from __future__ import annotations
+
+import itertools
 
 from backends.memory.state import MemoryState
 from service.domain.errors import StoreInvalid
@@ -19,10 +22,12 @@ class MemoryOutbox(Outbox):
         self._clock = clock or SystemClock()
 
     async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
-        entries = self._state.outbox
-        publication = OutboxPublication(STREAM, str(len(entries) + 1))
+        log = self._state.outbox
+        position = log.next_position()
+        publication = OutboxPublication(STREAM, str(position))
         r, d = intent.record, intent.delivery
-        entries.append(
+        log.add(
+            position,
             OutboxEntry(
                 publication,
                 r.tenant,
@@ -32,9 +37,8 @@ class MemoryOutbox(Outbox):
                 d.recipients,
                 d.membership_version,
                 self._clock.now_ms(),
-            )
+            ),
         )
-        self._state.delivery.ring()
         if sent is not None:
             sent()
         return publication
@@ -43,8 +47,9 @@ class MemoryOutbox(Outbox):
         if after and not after.isdigit():
             raise StoreInvalid("outbox position is not one this outbox returned")
         start = int(after) if after else 0
-        batch = self._state.outbox[start : start + max(0, limit)]
-        return OutboxPage(tuple(batch), str(start + len(batch)))
+        batch = tuple(itertools.islice(self._state.outbox.after(start), max(0, limit)))
+        last = int(batch[-1].publication.position) if batch else start
+        return OutboxPage(batch, str(last))
 
     async def readiness(self) -> None:
         return None

@@ -1,23 +1,23 @@
 """The memory outbox as leased partitions, for the relay that runs inside ``serve``.
 
-The memory outbox is one list (``MemoryState.outbox``; a position is a
-1-based index). It is cut into ``PARTITIONS`` partitions by conversation
-(``crc32(tenant:conversation)``), so all entries of one conversation are in
-one partition, in publication order. Per partition ``PartitionState`` keeps
-the lease (owner, token, expiry by the backend's clock), how far the list
-was scanned, the entries claimed and not settled, retry marks and dead
-letters. Each call runs without an await in between: atomic.
+The partitions are the ``OutboxLog``'s queues (``backends.memory.outbox_log``:
+by conversation, each in publication order). Per partition ``PartitionState``
+keeps the lease (owner, token, expiry by the backend's clock), the entries
+claimed and not settled, retry marks and dead letters. A claim takes from the
+front of its queue, a settle drops what it settled from the log, the doorbell
+looks at the queues it was asked about: each call costs the entries it
+handles. Each call runs without an await in between: atomic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 
 from backends.memory.delivery import DeliveryState, PartitionState
+from backends.memory.outbox_log import NAMES, OutboxLog
 from backends.memory.state import MemoryState
 from service.domain.delivery import OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreInvalid
@@ -25,26 +25,18 @@ from service.domain.model import OutboxEntry, OutboxPublication
 from service.domain.ports import Clock
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
-PARTITIONS = 4
-_NAMES = tuple(f"memory:{n}" for n in range(PARTITIONS))
-
-
-def partition_of(tenant: str, conversation: str) -> str:
-    key = f"{len(tenant)}:{tenant}:{conversation}".encode()
-    return _NAMES[zlib.crc32(key) % PARTITIONS]
-
 
 class MemoryOutboxPartitions(OutboxPartitions):
     def __init__(self, state: MemoryState, clock: Clock) -> None:
-        self._outbox = state.outbox
+        self._log: OutboxLog = state.outbox
         self._delivery: DeliveryState = state.delivery
         self._clock = clock
 
     def partitions(self) -> tuple[str, ...]:
-        return _NAMES
+        return NAMES
 
     def _state(self, partition: str) -> PartitionState:
-        if partition not in _NAMES:
+        if partition not in NAMES:
             raise StoreInvalid("no such outbox partition")
         return self._delivery.partitions.setdefault(partition, PartitionState())
 
@@ -73,7 +65,7 @@ class MemoryOutboxPartitions(OutboxPartitions):
             p.expires_ms = 0
 
     def _entry(self, position: str) -> OutboxEntry:
-        return self._outbox[int(position) - 1]
+        return self._log.entry(position)
 
     async def unsettled(self, lease: Lease, limit: int) -> list[PartitionEntry]:
         p = self._held(lease)
@@ -87,15 +79,12 @@ class MemoryOutboxPartitions(OutboxPartitions):
 
     async def claim(self, lease: Lease, limit: int) -> list[PartitionEntry]:
         p = self._held(lease)
+        queue = self._log.queues[lease.partition]
         result: list[PartitionEntry] = []
-        index = p.scanned
-        while index < len(self._outbox) and len(result) < limit:
-            entry = self._outbox[index]
-            index += 1
-            if partition_of(entry.tenant, entry.conversation) == lease.partition:
-                p.sending[entry.publication.position] = lease.token
-                result.append(PartitionEntry(entry))
-        p.scanned = index
+        while queue and len(result) < limit:
+            entry = self._log.entries[queue.popleft()]
+            p.sending[entry.publication.position] = lease.token
+            result.append(PartitionEntry(entry))
         return result
 
     async def settle(self, lease: Lease, settlement: Settlement) -> None:
@@ -111,12 +100,14 @@ class MemoryOutboxPartitions(OutboxPartitions):
         for position in settlement.sent:
             del p.sending[position]
             p.retry.pop(position, None)
+            self._log.drop(position)
         for mark in settlement.retry:
             p.retry[mark.position] = mark
         for dead in settlement.dead:
             position = dead.entry.publication.position
             del p.sending[position]
             p.retry.pop(position, None)
+            self._log.drop(position)  # the dead letter keeps its own copy
             p.letters += 1
             letter = f"{p.letters:012d}"
             p.dead[letter] = replace(dead, letter=letter)
@@ -124,10 +115,9 @@ class MemoryOutboxPartitions(OutboxPartitions):
     async def oldest_pending_ms(self, lease: Lease) -> int | None:
         p = self._state(lease.partition)
         times = [self._entry(pos).published_ms for pos in p.sending]
-        for entry in self._outbox[p.scanned :]:
-            if partition_of(entry.tenant, entry.conversation) == lease.partition:
-                times.append(entry.published_ms)
-                break
+        queue = self._log.queues[lease.partition]
+        if queue:
+            times.append(self._log.entries[queue[0]].published_ms)
         return min(times) if times else None
 
     async def dead_letters(
@@ -145,13 +135,13 @@ class MemoryOutboxPartitions(OutboxPartitions):
             dead = p.dead.pop(letter, None)
             if dead is None:
                 continue
-            position = OutboxPublication(dead.entry.publication.stream, str(len(self._outbox) + 1))
-            self._outbox.append(
-                replace(dead.entry, publication=position, published_ms=self._clock.now_ms())
+            position = self._log.next_position()
+            publication = OutboxPublication(dead.entry.publication.stream, str(position))
+            self._log.add(
+                position,
+                replace(dead.entry, publication=publication, published_ms=self._clock.now_ms()),
             )
             moved += 1
-        if moved:
-            self._delivery.ring()
         return moved
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
@@ -166,20 +156,22 @@ class MemoryOutboxPartitions(OutboxPartitions):
     has_doorbell = True
 
     async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
-        ready = [name for name in partitions if self._has_new(name)]
+        for name in partitions:
+            self._state(name)
+        ready = self._ready(partitions)
         if ready:
             return ready  # published since the last claim: no need to wait
         event = asyncio.Event()
-        self._delivery.waiters.add(event)
+        for name in partitions:
+            self._log.waiters[name].add(event)
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_ms / 1000)
         finally:
-            self._delivery.waiters.discard(event)
-        return [name for name in partitions if self._has_new(name)]
+            for name in partitions:
+                self._log.waiters[name].discard(event)
+        return self._ready(partitions)
 
-    def _has_new(self, partition: str) -> bool:
-        p = self._state(partition)
-        return any(
-            partition_of(e.tenant, e.conversation) == partition for e in self._outbox[p.scanned :]
-        )
+    def _ready(self, partitions: Sequence[str]) -> list[str]:
+        """The partitions with entries nobody claimed yet."""
+        return [name for name in partitions if self._log.queues[name]]

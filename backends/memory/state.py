@@ -7,12 +7,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backends.memory.outbox_log import OutboxLog
 from service.domain.membership import Intervals
 from service.domain.model import (
     CommitIntent,
     CommittedMessage,
     MessageRecord,
-    OutboxEntry,
     OutboxPublication,
 )
 
@@ -111,7 +111,7 @@ class MemoryState:
     queue: dict[Key3, QueueEntry] = field(default_factory=dict)
     commit_expiry: deque[tuple[int, Key3]] = field(default_factory=deque)
     history_expiry: deque[tuple[int, ConvKey, int]] = field(default_factory=deque)
-    outbox: list[OutboxEntry] = field(default_factory=list)
+    outbox: OutboxLog = field(default_factory=OutboxLog)
     delivery: DeliveryState = field(default_factory=lambda: _delivery_state())
 
 

@@ -28,7 +28,9 @@ Every script that changes a partition checks the caller's token against
 ``t`` first and changes nothing when it is not the latest (``lost``); a
 settle also checks that every entry it names is pending under the caller.
 A relay waits for new entries with one blocking XREAD over its idle
-partitions (standalone and Sentinel; on a Cluster it polls).
+partitions (standalone and Sentinel; on a Cluster it polls). Each relay process
+is a consumer of its own name; a takeover deletes the earlier holders' consumers
+that have nothing pending, so restarts do not pile consumers up in the group.
 """
 
 from __future__ import annotations
@@ -97,6 +99,21 @@ if l[1] and expires > now then return {'busy'} end
 token = token + 1
 redis.call('HSET', KEYS[2], 'o', ARGV[3], 't', token, 'x', until_ms)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
+-- Every relay process is a new consumer: forget the earlier ones with nothing
+-- pending (one with pending entries stays until this holder moved them).
+local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[3], ARGV[5])
+if ok then
+  for _, c in ipairs(consumers) do
+    local name, pending
+    for i = 1, #c, 2 do
+      if c[i] == 'name' then name = c[i + 1] end
+      if c[i] == 'pending' then pending = c[i + 1] end
+    end
+    if name and name ~= ARGV[3] and pending == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[5], name)
+    end
+  end
+end
 return {'taken', token, until_ms}
 """,
 )

@@ -20,6 +20,7 @@ and reconciles everything after it (mailboxes dedupe).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,33 @@ STATEMENTS = {
 
 
 @dataclass
+class SettledWindow:
+    """The positions settled after ``acked_ms``, forgotten in time order as it moves:
+    a settle costs what it settles, not the window (about ``MC_RELAY_SETTLE_WINDOW``
+    of traffic, thousands of entries)."""
+
+    members: set[uuid.UUID] = field(default_factory=set)
+    by_time: list[tuple[int, uuid.UUID]] = field(default_factory=list)
+    """A heap of (time_ms, position) of ``members``."""
+
+    def add(self, position: uuid.UUID) -> None:
+        if position not in self.members:
+            self.members.add(position)
+            heapq.heappush(self.by_time, (time_ms(position), position))
+
+    def forget_through(self, ms: int) -> None:
+        """Drop every position of a time at or before ``ms``."""
+        while self.by_time and self.by_time[0][0] <= ms:
+            self.members.discard(heapq.heappop(self.by_time)[1])
+
+    def __contains__(self, position: object) -> bool:
+        return position in self.members
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+@dataclass
 class _Held:
     """What this process knows of one partition it holds (never durable)."""
 
@@ -86,7 +114,7 @@ class _Held:
     acked_ms: int
     retries: dict[uuid.UUID, str] = field(default_factory=dict)
     sending: dict[uuid.UUID, PartitionEntry] = field(default_factory=dict)
-    settled: set[uuid.UUID] = field(default_factory=set)
+    settled: SettledWindow = field(default_factory=SettledWindow)
     high: uuid.UUID = MIN_UUID
     swept_ms: int = 0
     reconciled: bool = False
@@ -271,7 +299,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
                 )
             for u in gone:
                 held.retries.pop(u, None)
-            held.settled = {u for u in held.settled if time_ms(u) > acked}
+            held.settled.forget_through(acked)
             held.acked_ms = acked
 
     def _ack_point(self, held: _Held, done: set[uuid.UUID]) -> int:

@@ -27,6 +27,7 @@ PHASES = (
     "storage-floor",
     "storage-replay",
     "committer-floor",
+    "sustained",
 )
 PHASE_NUMBERS = (
     "calls",
@@ -82,6 +83,14 @@ def _check_document(document: dict[str, Any], backend: str) -> None:
         value = result["cpu_ratios"][key]
         assert value is not None, key
         _non_negative(value, f"cpu_ratios.{key}")
+    slope = result["slope"]
+    assert 0 < slope["commits"] <= document["settings"]["sustained"]
+    for key in ("first_per_s", "last_per_s", "ratio"):
+        value = slope[key]
+        _non_negative(value, f"slope.{key}")
+        assert value > 0, f"slope.{key}"
+    relay = "inside serve" if backend == "memory" else "a relay process beside the server"
+    assert slope["relay"] == relay
     for target in document["targets"]:
         assert {"name", "backend", "value", "bound", "comparison", "passed", "cpu_estimate"} <= set(
             target

@@ -110,7 +110,7 @@ class Snapshot:
     outbox: tuple[str, ...]
     unfinished: frozenset[CommitKey]
     memory: tuple[int, int, int, int] | None
-    """(commits, conversations, recovery entries, outbox entries) of a memory backend."""
+    """(commits, conversations, recovery entries, outbox publications) of a memory backend."""
 
 
 async def _conversation_state(
@@ -139,17 +139,19 @@ async def snapshot(backend: Backend, conversations: Iterable[tuple[str, str]]) -
         backend.store.scan_recoverable_commits(now_ms + RECOVERY_HORIZON_MS, RECOVERY_SCAN_LIMIT),
     )
     memory = None
+    positions = tuple(e.publication.position for e in outbox.entries)
     if isinstance(backend.store, MemoryMessageStore):
         state = backend.store.state
         memory = (
             len(state.commits),
             len(state.conversations),
             len(state.queue),
-            len(state.outbox),
+            state.outbox.published,
         )
+        positions = ()  # the relay inside drops what it delivered: the count above says it
     return Snapshot(
         dict(zip(watched, states, strict=True)),
-        tuple(e.publication.position for e in outbox.entries),
+        positions,
         frozenset(i.key for i in unfinished),
         memory,
     )

@@ -68,6 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--serial-commits", type=int, default=None, help="calls of fresh-serial (200; 0: skip)"
     )
+    p.add_argument(
+        "--sustained",
+        type=int,
+        default=None,
+        help="fresh commits of the sustained phase, relay running (100000; quick 2000; 0: skip)",
+    )
+    p.add_argument(
+        "--sustained-workload",
+        choices=("fresh", "hot"),
+        default="fresh",
+        help="what the sustained phase sends: spread conversations, or all to the hot one",
+    )
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds (2)")
     p.add_argument("--body-bytes", type=int, default=100, help="inline body size")
     p.add_argument("--conversations", type=int, default=None, help="spread conversations (1000)")
@@ -143,6 +155,8 @@ def _settings(args: argparse.Namespace) -> None:
         args.serial_commits = 20 if quick else 200
     if args.rounds is None:
         args.rounds = 1 if quick else 3
+    if args.sustained is None:
+        args.sustained = 2_000 if quick else 100_000
     if args.conversations is None:
         args.conversations = 100 if quick else 1000
     if args.big_members is None:
@@ -157,8 +171,10 @@ def _settings(args: argparse.Namespace) -> None:
                  "timeout", "rounds"):  # fmt: skip
         if getattr(args, name) <= 0:
             raise SystemExit(f"bench: --{name.replace('_', '-')} must be positive")
-    if args.requests < 0 or args.warmup < 0 or args.serial_commits < 0:
-        raise SystemExit("bench: --requests, --warmup and --serial-commits must not be negative")
+    if min(args.requests, args.warmup, args.serial_commits, args.sustained) < 0:
+        raise SystemExit(
+            "bench: --requests, --warmup, --serial-commits and --sustained must not be negative"
+        )
     if args.clients > args.concurrency:
         raise SystemExit("bench: --clients must not exceed --concurrency")
     if not (0 <= args.dup_ratio <= 1 and 0 <= args.conflict_ratio <= 1):
@@ -288,6 +304,8 @@ def _json_settings(
         "requests": args.requests,
         "rounds": args.rounds,
         "serial_commits": args.serial_commits,
+        "sustained": args.sustained,
+        "sustained_workload": args.sustained_workload,
         "warmup_s": args.warmup,
         "body_bytes": args.body_bytes,
         "conversations": args.conversations,

@@ -62,12 +62,18 @@ class PhaseResult:
     ok: int = 0
     latencies_us: array[float] = field(default_factory=lambda: array("d"))
     """Latency of every call that got its expected outcome, in microseconds."""
+    completions: array[float] = field(default_factory=lambda: array("d"))
+    """When each of those calls ended (``time.time()``, comparable across the client
+    processes): the sustained phase's rate over its first and last commits."""
     expected: Counter[str] = field(default_factory=Counter)
     """Expected outcomes by status code (OK, ALREADY_EXISTS)."""
     errors: Counter[str] = field(default_factory=Counter)
     """Unexpected outcomes by status code, WRONG_ANSWER or WRONG_ACK."""
     started: float = 0.0
     ended: float = 0.0
+    first_ended: float = 0.0
+    """When the first client process stopped (merged: the end of the span in which
+    every process was sending; one process: its own end)."""
     client_cpu_s: float = 0.0
     """CPU time the client processes spent (0 for in-process floors)."""
     server_cpu_s: float = 0.0
@@ -86,6 +92,7 @@ class PhaseResult:
             out.calls += part.calls
             out.ok += part.ok
             out.latencies_us.extend(part.latencies_us)
+            out.completions.extend(part.completions)
             out.expected.update(part.expected)
             out.errors.update(part.errors)
             out.client_cpu_s += part.client_cpu_s
@@ -94,6 +101,7 @@ class PhaseResult:
         if parts:
             out.started = min(p.started for p in parts)
             out.ended = max(p.ended for p in parts)
+            out.first_ended = min(p.first_ended or p.ended for p in parts)
         return out
 
 
@@ -147,6 +155,7 @@ class Tally:
         if expected:
             r.ok += 1
             r.latencies_us.append(latency_s * 1e6)
+            r.completions.append(time.time())
             r.expected[outcome] += 1
         else:
             r.errors[outcome] += 1

@@ -93,6 +93,18 @@ class Target:
     notes: list[str] = dataclasses.field(default_factory=list)
     wire_control: int = 0
     """The control port of the CQL wire counter in front of the backend, if any."""
+    relay_config: ServiceConfig | None = None
+    """The settings a relay process beside the server takes (a shared backend the
+    bench started the server for); None: the relay runs inside, or is not ours."""
+
+    @property
+    def relay(self) -> str:
+        """Where the relay runs while the sustained phase commits."""
+        if self.server is not None and self.server.relay is not None:
+            return "inside serve"
+        if self.relay_config is not None:
+            return "a relay process beside the server"
+        return "not started by the bench"
 
     async def requests(self) -> Counter[str] | None:
         """The backend request counter now (plus ``wire``/``wire_lwt``, the requests
@@ -321,6 +333,7 @@ class Environment:
             metrics_url=f"http://127.0.0.1:{server.http_port}/metrics",
             redis_url=config.redis_url,
             wire_control=self.wire_control if backend == "scylla" else 0,
+            relay_config=None if server.relay is not None else config,
         )
 
     async def attach(self, backend: str, address: str, metrics_url: str) -> Target:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toolkit.bench.driver import PhaseResult
+from toolkit.bench.slope import Slope
+from toolkit.bench.slope import text as slope_text
 
 if TYPE_CHECKING:
     from toolkit.bench.targets import TargetCheck
@@ -156,6 +158,8 @@ class BackendReport:
     footprint: dict[str, dict[str, int | None]] | None = None
     """Bytes stored per unfinished intent and per committed message, small vs big."""
     notes: list[str] = field(default_factory=list)
+    slope: Slope | None = None
+    """The sustained phase's last-tenth over first-tenth commit rate."""
     rounds: dict[str, list[Round]] = field(default_factory=dict, repr=False)
     """The raw rounds of every phase (not written to JSON; ``merge_reports`` uses them)."""
 
@@ -211,6 +215,7 @@ def merge_reports(parts: Sequence[BackendReport], note: str) -> BackendReport:
         )
     merged.redis_record = parts[-1].redis_record
     merged.footprint = parts[-1].footprint
+    merged.slope = parts[-1].slope
     return merged
 
 
@@ -308,6 +313,8 @@ def backend_text(report: BackendReport) -> list[str]:
             + num(c.get("lwt_floor_over_fresh"))
             + ")"
         )
+    if report.slope is not None:
+        lines.append(slope_text(report.slope))
     for label, sizes in (report.footprint or {}).items():
         lines.append(
             f"stored bytes, {label} ({sizes.get('members')} members): unfinished intent "
@@ -374,6 +381,7 @@ def to_json(
                 "cpu_ratios": r.cpu_ratios(),
                 "redis_record": r.redis_record,
                 "footprint": r.footprint,
+                "slope": dataclasses.asdict(r.slope) if r.slope is not None else None,
                 "notes": r.notes,
             }
             for name, r in reports.items()

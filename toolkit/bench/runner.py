@@ -8,6 +8,7 @@ report takes medians over rounds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections import Counter
@@ -15,9 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from service.domain.limits import CommitLimits
+from service.tasks import wait_event
+from toolkit.bench import slope
 from toolkit.bench.driver import BenchError, ClientPool, create_population
 from toolkit.bench.environment import Target
 from toolkit.bench.floors import StorageDriver, ensure_population, lwt_floor_op, run_ops
+from toolkit.bench.relayproc import RelayProcess
 from toolkit.bench.report import BackendReport, Phase, Round
 from toolkit.bench.workloads import DESCRIPTIONS, Job, Kind, Population
 
@@ -29,6 +33,12 @@ FLOOR_DESCRIPTIONS = {
     "committer-floor": "MessageCommitter.commit_send in-process: no gRPC, no metrics",
     "lwt-floor": "one INSERT ... IF NOT EXISTS per op through the backend's own CQL session",
 }
+SUSTAINED = "sustained"
+SUSTAINED_TEXT = "--sustained new sends, relay delivering: last 10 % vs first 10 % of them"
+CPU_SAMPLE_S = 0.2
+"""How often the sustained phase samples the server's (and its relay's) CPU."""
+SUSTAINED_LIMIT_S = 3600.0
+"""Time bound of the sustained phase (it ends at its commit count)."""
 SERIAL = "fresh-serial"
 """Fresh sends from one stream, once per backend: per-commit cost without contention."""
 
@@ -92,10 +102,11 @@ class BackendBench:
         self.progress = progress
         self.report = BackendReport(target.backend, target.description, notes=list(target.notes))
 
-    def _jobs(self, kind: Kind, duration: float, serial: int = 0) -> list[Job]:
-        """One job per client process; ``serial`` > 0: that many calls from one stream."""
+    def _jobs(self, kind: Kind, duration: float, serial: int = 0, total: int = 0) -> list[Job]:
+        """One job per client process; ``serial`` > 0: that many calls from one stream;
+        ``total`` > 0: that many in all (else ``--requests``, else time only)."""
         a = self.args
-        max_calls = serial or a.requests or MAX_CALLS
+        max_calls = serial or total or a.requests or MAX_CALLS
         streams = [1] + [0] * (a.clients - 1) if serial else _split(a.concurrency, a.clients)
         calls = [serial] + [0] * (a.clients - 1) if serial else _split(max_calls, a.clients)
         start_at = time.time() + 0.2
@@ -118,11 +129,13 @@ class BackendBench:
             for streams, calls in zip(streams, calls, strict=True)
         ]
 
-    async def grpc_phase(self, kind: Kind, duration: float, label: str, serial: int = 0) -> Round:
+    async def grpc_phase(
+        self, kind: Kind, duration: float, label: str, serial: int = 0, total: int = 0
+    ) -> Round:
         self.progress.begin(f"[{self.target.backend}] {label}", duration)
         before = await self.target.requests()
         limit = duration + self.args.timeout + 60
-        jobs = self._jobs(kind, duration, serial)
+        jobs = self._jobs(kind, duration, serial, total)
         try:
             result = await self.pool.run(jobs, self.progress.tick, limit)
         finally:
@@ -141,6 +154,37 @@ class BackendBench:
         finally:
             self.progress.end()
         return Round(result, _delta(before, await self.target.requests()))
+
+    async def sustained_phase(self) -> Round:
+        """``--sustained`` fresh commits with the relay running; sets the report's slope."""
+        target, total = self.target, self.args.sustained
+        kind = Kind(self.args.sustained_workload)
+        relay = RelayProcess(target.relay_config) if target.relay_config is not None else None
+        samples: list[tuple[float, float]] = []
+
+        async def sample(stop: asyncio.Event) -> None:
+            while not stop.is_set():  # ends with the phase
+                cpu = time.process_time() + (relay.cpu_s() if relay is not None else 0.0)
+                samples.append((time.time(), cpu))
+                await wait_event(stop, CPU_SAMPLE_S)
+
+        if relay is not None:
+            await relay.start()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample(stop)) if target.server is not None else None
+        try:
+            got = await self.grpc_phase(kind, SUSTAINED_LIMIT_S, SUSTAINED, total=total)
+        finally:
+            stop.set()
+            if sampler is not None:
+                await sampler
+            if relay is not None:
+                await relay.stop()
+        result = got.result
+        self.report.slope = slope.measure(
+            result.completions, target.relay, result.first_ended, samples
+        )
+        return got
 
     async def run(self) -> BackendReport:
         a = self.args
@@ -179,9 +223,13 @@ class BackendBench:
                 rounds.setdefault(kind.value, []).append(got)
             for name, op in floors:
                 rounds.setdefault(name, []).append(await self.floor_phase(op, name + suffix))
+        if Kind.FRESH in a.kinds and a.sustained:
+            rounds[SUSTAINED] = [await self.sustained_phase()]
         for name, measured in rounds.items():
             if name == SERIAL:
                 kind_name, text = "workload", "new sends from ONE stream: the uncontended cost"
+            elif name == SUSTAINED:
+                kind_name, text = "workload", SUSTAINED_TEXT
             elif name in FLOOR_DESCRIPTIONS:
                 kind_name, text = "floor", FLOOR_DESCRIPTIONS[name]
             else:

@@ -52,6 +52,16 @@ def check_targets(reports: dict[str, BackendReport]) -> list[TargetCheck]:
                 memory.cpu_ratios()["service_over_grpc_floor"],
             )
         )
+    if memory is not None and memory.slope is not None:
+        checks.append(
+            _check(
+                "memory sustained: last 10 % commits/s >= 0.90 x first 10 %",
+                "memory",
+                memory.slope.ratio,
+                ">=",
+                0.90,
+            )
+        )
     if redis is not None:
         checks.append(
             _check(

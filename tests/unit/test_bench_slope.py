@@ -1,0 +1,54 @@
+"""The sustained phase's slope figure (``toolkit.bench.slope``): pure arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.bench.slope import measure
+
+
+def test_a_steady_rate_has_a_slope_of_one() -> None:
+    times = [n / 500 for n in range(1000)]  # 500/s throughout
+    slope = measure(list(reversed(times)), "inside serve")  # any order: sorted first
+    assert slope is not None
+    assert slope.commits == 1000
+    assert slope.first_per_s == pytest.approx(500)
+    assert slope.last_per_s == pytest.approx(500)
+    assert slope.ratio == pytest.approx(1.0)
+
+
+def test_a_phase_that_slows_down_shows_it_in_its_last_tenth() -> None:
+    fast = [n / 800 for n in range(500)]  # 800/s, then 200/s
+    slow = [fast[-1] + (n + 1) / 200 for n in range(500)]
+    slope = measure(fast + slow, "a relay process beside the server")
+    assert slope is not None
+    assert slope.first_per_s == pytest.approx(800)
+    assert slope.last_per_s == pytest.approx(200)
+    assert slope.ratio == pytest.approx(0.25)
+
+
+def test_too_few_commits_have_no_slope() -> None:
+    assert measure([0.1 * n for n in range(19)], "inside serve") is None
+    assert measure([], "inside serve") is None
+
+
+def test_commits_after_the_first_client_stopped_are_left_out() -> None:
+    both = [n / 1000 for n in range(1000)]  # two processes: 1,000/s until t = 1
+    alone = [1 + (n + 1) / 500 for n in range(300)]  # then one process alone: 500/s
+    slope = measure(both + alone, "inside serve", until=both[-1])
+    assert slope is not None
+    assert slope.commits == 1000
+    assert slope.ratio == pytest.approx(1.0)
+
+
+def test_cpu_per_commit_of_each_tenth_comes_from_the_samples() -> None:
+    times = [n / 100 for n in range(1001)]  # 100 commits/s for 10 s
+    # CPU: 1 ms per commit over the first 5 s, then 2 ms per commit
+    samples = [(t / 2, 0.1 * t / 2 if t <= 10 else 0.5 + 0.2 * (t / 2 - 5)) for t in range(21)]
+    slope = measure(times, "inside serve", cpu=samples)
+    assert slope is not None and slope.cpu_ratio is not None
+    assert slope.first_cpu_us == pytest.approx(1000)
+    assert slope.last_cpu_us == pytest.approx(2000)
+    assert slope.cpu_ratio == pytest.approx(0.5)
+    unsampled = measure(times, "inside serve")
+    assert unsampled is not None and unsampled.cpu_ratio is None
