@@ -7,7 +7,11 @@ worker's advance is answered by re-reading the store and going forward.
 
 Admission is a point lookup at the current membership version and the
 delivery is frozen by reference to that version (DESIGN §9), so a send costs
-the same whatever the conversation's size. Recovery works the store's queue
+the same whatever the conversation's size. A store that can (Redis) decides
+admission inside its reserve step (``admits_in_reserve``) and sends a fresh
+intent's put_record, outbox append and commit mark together
+(``pipelines_with``): the same steps and states, fewer round trips; an armed
+fault point splits the pipeline where it falls. Recovery works the store's queue
 (DESIGN §12): one bad intent is retried later or quarantined, never a reason
 to stop.
 

@@ -215,9 +215,14 @@ async def test_admission_in_reserve_freezes_the_right_version_and_refuses_cleanl
     await backend.membership.add_members(tenant, "c1", ["carol"])  # version 2
     c = committer(backend)
     served = await c.commit_send(send(tenant))  # frozen at the version reserve read
-    given = await c.commit(  # a caller-frozen delivery is kept as given
-        send(tenant), FrozenDeliveryInput.at_version(1), ReserveCandidate("m-given", 7)
-    )
+    request = send(tenant)
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):  # a caller-frozen delivery is stored as given
+        await c.commit(request, FrozenDeliveryInput.at_version(1), ReserveCandidate("m-given", 7))
+    stored = await backend.store.load_commit(request.key, request.conversation)
+    assert isinstance(stored, InProgress)
+    assert stored.intent.delivery == FrozenDeliveryInput.at_version(1)
+    given = await c.resume(request.key, request.conversation)
     versions = {e.message_id: e.membership_version for e in await _entries(backend, tenant)}
     assert versions == {served.message_id: 2, given.message_id: 1}
 
