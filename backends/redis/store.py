@@ -276,10 +276,16 @@ class RedisMessageStore(MessageStore):
         return await self._commit(intent, None)
 
     def _commit_call(
-        self, intent: CommitIntent, mode: str, stream: str, position: str
+        self,
+        intent: CommitIntent,
+        mode: str,
+        stream: str,
+        position: str,
+        intent_args: tuple[list[str], list[object]] | None = None,
     ) -> tuple[list[str], list[Arg]]:
-        """KEYS and ARGV (its head included) of the commit script in ``mode``."""
-        keys, args = self._intent_args(intent)
+        """KEYS and ARGV (its head included) of the commit script in ``mode``
+        (``intent_args``: ``_intent_args(intent)`` when the caller has it)."""
+        keys, args = intent_args or self._intent_args(intent)
         key, conv = intent.key, intent.conversation
         shard = self._keys.conversation(key.tenant, conv).shard
         s = self._settings
@@ -354,7 +360,7 @@ class RedisMessageStore(MessageStore):
         head = self._calls.head()
         r = intent.record
         stream = outbox.stream_of(r.tenant, r.conversation)
-        commit_keys, commit_args = self._commit_call(intent, "po", stream, "")
+        commit_keys, commit_args = self._commit_call(intent, "po", stream, "", (keys, args))
         append: list[Arg] = [*head, r.seq, r.message_id, *outbox.entry_fields(intent)]
         calls: list[tuple[Script, list[str], list[Arg]]] = [
             (PUT_RECORD, keys, cast(list[Arg], [*head, *args])),
