@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     CommittedMessage,
@@ -54,7 +55,7 @@ from service.domain.model import (
     ReserveCandidate,
     ReserveResult,
 )
-from service.domain.ports import Hook, MessageStore, StoredCommit
+from service.domain.ports import Hook, MessageStore, Outbox, StoredCommit
 
 OUTCOMES = ("committed", "replayed", "conflict", "recoverable", "rejected")
 REJECTION_REASONS = ("invalid", "not_member", "quota", "no_conversation")
@@ -229,6 +230,7 @@ class InstrumentedStore(MessageStore):
         self._step_span = step_span
         self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
         self.atomic_publish_commit = inner.atomic_publish_commit
+        self.admits_in_reserve = inner.admits_in_reserve
 
     def _timer(self, operation: str) -> _Timer:
         child = self._children.get(operation)
@@ -245,6 +247,24 @@ class InstrumentedStore(MessageStore):
     ) -> ReserveResult:
         with self._timer("reserve"):
             return await self._inner.reserve(request, delivery, candidate)
+
+    async def reserve_admitted(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult | Admission | None:
+        with self._timer("reserve"):
+            return await self._inner.reserve_admitted(request, delivery, candidate)
+
+    def pipelines_with(self, outbox: Outbox) -> bool:
+        return self._inner.pipelines_with(outbox)
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        with self._timer("finish_pipelined"):
+            return await self._inner.finish_pipelined(intent, outbox, steps)
 
     async def put_record(self, intent: CommitIntent) -> None:
         with self._timer("put_record"):

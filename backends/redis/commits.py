@@ -24,8 +24,9 @@ from service.domain.ports import Clock
 
 _SAME_INTENT = """
 local function read_commit(key)
-  local v = redis.call('HMGET', key, 'st', 's', 'r', 'm', 'x', 'ps', 'pp', 't')
-  return {st = v[1], s = v[2], r = v[3], m = v[4], x = v[5], ps = v[6], pp = v[7], t = v[8]}
+  local v = redis.call('HMGET', key, 'st', 's', 'r', 'm', 'x', 'ps', 'pp', 't', 'op')
+  return {st = v[1], s = v[2], r = v[3], m = v[4], x = v[5], ps = v[6], pp = v[7], t = v[8],
+    op = v[9]}
 end
 -- Is the stored commit the caller's intent? absent / mismatch / committed / ok
 local function same_intent(c, seq, rec, mid)
@@ -47,29 +48,42 @@ end
 RESERVE = script(
     "reserve",
     """#!lua flags=allow-cross-slot-keys
--- KEYS: id meta commit pinned queue created attempts [pointer]
--- ARGV: dep shift conversation identity record message_id server_ts delivery member
+-- KEYS: id meta commit pinned queue created attempts intervals [pointer]
+-- ARGV: dep shift conversation identity record message_id server_ts delivery member sender
+-- sender '' = admission was decided before; else the sender's admission at the
+-- current version is decided here, after the key's stored state, and delivery
+-- '' freezes the delivery at that version.
 --@prologue
+--@intervals
 local fields = redis.call('HGETALL', KEYS[3])
 if #fields > 0 and live(redis.call('HGET', KEYS[3], 'x')) then return {'exists', fields} end
-if KEYS[8] then
-  local ptr = redis.call('HMGET', KEYS[8], 'c', 'x')
+local version = redis.call('HGET', KEYS[2], 'v')
+if ARGV[10] ~= '' and not version then return {'noconv'} end
+if KEYS[9] then
+  local ptr = redis.call('HMGET', KEYS[9], 'c', 'x')
   if ptr[1] and live(ptr[2]) and ptr[1] ~= ARGV[3] then return {'other'} end
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end
+local delivery = ARGV[8]
+if ARGV[10] ~= '' then
+  if not iv_is_member(redis.call('HGET', KEYS[8], ARGV[10])) then
+    return {'notmember', tonumber(version)}
+  end
+  if delivery == '' then delivery = '{"v":' .. version .. '}' end
+end
 local seq = redis.call('HINCRBY', KEYS[2], 's', 1)
 redis.call('DEL', KEYS[3])
 redis.call('HSET', KEYS[3], 'st', '0', 'id', ARGV[4], 'r', ARGV[5], 's', seq,
-  'm', ARGV[6], 't', ARGV[7], 'd', ARGV[8], 'ca', now)
-if KEYS[8] then
-  redis.call('DEL', KEYS[8])
-  redis.call('HSET', KEYS[8], 'c', ARGV[3])
+  'm', ARGV[6], 't', ARGV[7], 'd', delivery, 'ca', now)
+if KEYS[9] then
+  redis.call('DEL', KEYS[9])
+  redis.call('HSET', KEYS[9], 'c', ARGV[3])
 end
 redis.call('ZADD', KEYS[4], seq, seq)
 redis.call('ZADD', KEYS[5], now, ARGV[9])
 redis.call('ZADD', KEYS[6], now, ARGV[9])
 redis.call('HDEL', KEYS[7], ARGV[9])
-return {'reserved', seq, now}
+return {'reserved', seq, now, tonumber(version or '0')}
 """,
 )
 
@@ -155,6 +169,26 @@ return {'ok'}
 """.replace("--@same_intent", _SAME_INTENT),
 )
 
+OUTBOX_APPEND = script(
+    "outbox_append",
+    """#!lua
+-- KEYS: id commit history stream    ARGV: dep shift seq message_id field value ...
+-- The outbox step of a pipelined commit: the XADD, only for a RECORDED intent
+-- whose record is in history (so a put_record refused just before in the same
+-- pipeline appends nothing). The entry id is kept in the commit hash ('op') for
+-- the commit script that follows; every later append replaces it.
+--@prologue
+local c = redis.call('HMGET', KEYS[2], 'st', 's', 'm', 'r')
+if c[1] ~= '1' then return {'conflict', 'state'} end
+if c[2] ~= ARGV[3] or c[3] ~= ARGV[4] then return {'conflict', 'mismatch'} end
+local at = redis.call('ZRANGE', KEYS[3], c[2], c[2], 'BYSCORE', 'LIMIT', 0, 1)
+if at[1] ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end
+local id = redis.call('XADD', KEYS[4], '*', unpack(ARGV, 5))
+redis.call('HSET', KEYS[2], 'op', id)
+return {'appended', id}
+""",
+)
+
 COMMIT = script(
     "commit",
     """#!lua flags=allow-cross-slot-keys
@@ -162,6 +196,7 @@ COMMIT = script(
 -- ARGV: dep shift seq record message_id mode stream position window_ms ttl_ms
 --       retention_ms member conversation digest whole_identity
 -- mode 'pc' = mark_published_and_committed (stream/position given),
+--      'po' = the same, the position being the one outbox_append kept (a pipeline),
 --      'c'  = mark_committed (the stored publication is used)
 --@prologue
 --@retention
@@ -175,7 +210,11 @@ if verdict == 'committed' then
   return {'committed', c.m, c.s, c.t}
 end
 local ps, pp = c.ps, c.pp
-if publish then
+if ARGV[6] == 'po' then
+  if ps or c.st ~= '1' then return {'conflict', 'state'} end
+  if not c.op then return {'conflict', 'publication'} end
+  ps, pp = ARGV[7], c.op
+elseif publish then
   if ps then
     if ps ~= ARGV[7] or pp ~= ARGV[8] then return {'conflict', 'publication'} end
   elseif c.st ~= '1' then
@@ -227,7 +266,17 @@ return {'none'}
 """,
 )
 
-SCRIPTS = (RESERVE, CLAIM, POINTER_EXPIRY, READ_POINTER, PUT_RECORD, PUBLISH, COMMIT, LOAD)
+SCRIPTS = (
+    RESERVE,
+    CLAIM,
+    POINTER_EXPIRY,
+    READ_POINTER,
+    PUT_RECORD,
+    PUBLISH,
+    OUTBOX_APPEND,
+    COMMIT,
+    LOAD,
+)
 
 CONFLICTS = {
     "absent": "no intent for this key",

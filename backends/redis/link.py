@@ -338,6 +338,42 @@ class RedisLink:
             return reply, int(acked)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def script_pipeline(
+        self,
+        calls: Sequence[tuple[Script, Sequence[str], Sequence[Arg]]],
+        wait: tuple[int, int] | None = None,
+    ) -> tuple[list[Any], int]:
+        """Several scripts (EVALSHA each), pipelined on one connection: one round
+        trip. Each runs on its own, in order; a refused one does not stop the
+        next (each checks its own precondition). ``wait`` (replicas, ms) adds
+        WAIT at the end: the second value is how many replicas acknowledged
+        (0 without). On NOSCRIPT the scripts are loaded and the pipeline sent
+        once more (every script of this backend is safe to repeat)."""
+        commands: list[Sequence[Arg]] = [
+            ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
+        ]
+        if wait is not None:
+            commands.append(("WAIT", *wait))
+        key = str(calls[0][1][0])
+        for attempt in range(2):
+            self.requests[CALL] += 1
+            try:
+                replies = await self._same_connection(key, commands)
+            except rx.NoScriptError:
+                if attempt:
+                    raise StoreUnavailable("redis lost the backend's scripts") from None
+                await self.load_scripts(list({s.sha: s for s, _, _ in calls}.values()))
+                continue
+            except rx.RedisError as exc:
+                raise translate(exc, write=True) from None
+            for reply in replies:
+                if isinstance(reply, list) and reply and reply[0] == b"wiped":
+                    raise StoreWiped("redis: this shard does not hold the deployment's data")
+            if wait is None:
+                return replies, 0
+            return replies[:-1], int(replies[-1])
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def replication_barrier(self, key: str, replicas: int, wait_ms: int) -> int:
         """A one-key write then WAIT on the same connection: when enough replicas
         acknowledge it, they hold everything written before it too. Returns the count."""

@@ -50,6 +50,7 @@ class RedisOutbox(Outbox):
     """XADD to publish, XRANGE to read."""
 
     def __init__(self, link: RedisLink, keys: KeySpace) -> None:
+        self.link = link
         self._link = link
         self._keys = keys
         self._legacy = Release1Keys(keys.prefix).outbox
@@ -61,22 +62,21 @@ class RedisOutbox(Outbox):
         """Every stream, legacy first: what a relay must drain."""
         return [self._legacy, *(s.outbox for s in self._keys.all_shards())]
 
-    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+    @staticmethod
+    def entry_fields(intent: CommitIntent) -> list[str | int]:
+        """The stream entry's fields of ``intent`` (also appended by the store's
+        pipelined commit, ``outbox_append``)."""
         r, d = intent.record, intent.delivery
-        stream = self.stream_of(r.tenant, r.conversation)
-        fields: list[str | int] = [
-            "t",
-            r.tenant,
-            "c",
-            r.conversation,
-            "s",
-            r.seq,
-            "m",
-            r.message_id,
-        ]
-        fields += ["v", d.membership_version]
+        fields: list[str | int] = ["t", r.tenant, "c", r.conversation, "s", r.seq,
+                                   "m", r.message_id, "v", d.membership_version]  # fmt: skip
         if d.recipients is not None:  # an intent of release 1, frozen inline
             fields += ["r", json.dumps(list(d.recipients), separators=(",", ":"))]
+        return fields
+
+    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+        r = intent.record
+        stream = self.stream_of(r.tenant, r.conversation)
+        fields = self.entry_fields(intent)
         position = await self._link.call("XADD", stream, "*", *fields, write=True)
         if sent is not None:
             sent()

@@ -15,11 +15,12 @@ intent's seq.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from backends.redis import codec, history
 from backends.redis.commits import (
     COMMIT,
+    OUTBOX_APPEND,
     PUBLISH,
     PUT_RECORD,
     RESERVE,
@@ -30,12 +31,15 @@ from backends.redis.commits import (
 from backends.redis.deployment import check_eviction, check_identity
 from backends.redis.link import Arg, WriteRefused
 from backends.redis.lua import Script
+from backends.redis.members import ADMISSION
+from backends.redis.outbox import RedisOutbox
 from backends.redis.recovery import RedisRecoveryQueue
 from backends.redis.replication import Replication
-from service.domain.errors import StoreConflict, StoreCorrupt, StoreNotFound
+from service.domain.errors import StoreConflict, StoreCorrupt, StoreInvalid, StoreNotFound
 from service.domain.identity import WHOLE_HEADER, as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     CommitState,
@@ -55,7 +59,7 @@ from service.domain.model import (
     Reserved,
     ReserveResult,
 )
-from service.domain.ports import Hook, MessageStore, StoredCommit, StoreSettings
+from service.domain.ports import Hook, MessageStore, Outbox, StoredCommit, StoreSettings
 
 PHYSICAL_GRACE_MS = 10 * 60 * 1000
 """Added to the TTL of compact records: logical expiry decides, the TTL only
@@ -107,39 +111,80 @@ class RedisMessageStore(MessageStore):
         delivery: FrozenDeliveryInput,
         candidate: ReserveCandidate,
     ) -> ReserveResult:
+        result = await self._reserve(request, delivery, candidate, admit=False)
+        assert not isinstance(result, Admission) and result is not None
+        return result
+
+    @property
+    def admits_in_reserve(self) -> bool:  # type: ignore[override]
+        """Standalone and Sentinel: the admission lookup is part of the reserve
+        script. A Cluster claims the key's pointer first (another slot), which
+        must not happen for a sender who is then refused: it asks first."""
+        return not self._calls.link.cluster
+
+    async def reserve_admitted(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult | Admission | None:
+        return await self._reserve(request, delivery, candidate, admit=True)
+
+    async def _reserve(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+        *,
+        admit: bool,
+    ) -> ReserveResult | Admission | None:
         key, conv = request.key, request.conversation
         ck = self._keys.conversation(key.tenant, conv)
         identity = request.stored_identity(self._whole_identity)
         record = request.record_at(0, candidate)  # the script allocates its seq
         shard = ck.shard
+        frozen = b"" if delivery is None else codec.encode_delivery(delivery)
         try:
             if not await self._calls.claim(key, conv):
                 return await self._conflict(key, conv)
             word, rest = await self._calls.run(
                 RESERVE,
                 [shard.identity, ck.meta, ck.commit(key.sender, key.cmid), ck.pinned,
-                 shard.queue, shard.created, shard.attempts, *self._calls.pointer_keys(key)],
+                 shard.queue, shard.created, shard.attempts, ck.intervals,
+                 *self._calls.pointer_keys(key)],
                 [conv, identity, codec.encode_record(record), candidate.message_id,
-                 candidate.server_ts_ms, codec.encode_delivery(delivery),
-                 self._keys.queue_member(key.tenant, conv, key.sender, key.cmid)],
+                 candidate.server_ts_ms, frozen,
+                 self._keys.queue_member(key.tenant, conv, key.sender, key.cmid),
+                 request.sender if admit else ""],
             )  # fmt: skip
         except WriteRefused:
             # Out of memory or a read-only replica: a retry of a known key can
-            # still be answered from what is stored (replays keep working).
+            # still be answered from what is stored (replays keep working), and
+            # a sender who is not admitted is still told so.
             known = await self.load_commit_for_request(request)
-            if known is None:
-                raise
-            return known
-        if word == b"reserved" and len(rest) == 2:
+            if known is not None:
+                return known
+            if admit:
+                admission = await self._admission(request)
+                if admission is None or not admission.member:
+                    return admission
+            raise
+        if word == b"reserved" and len(rest) == 3:
             intent = CommitIntent(
                 key=key,
                 identity=identity,
                 record=replace(record, seq=codec.to_int(rest[0])),
-                delivery=delivery,
+                delivery=delivery or FrozenDeliveryInput.at_version(codec.to_int(rest[2])),
                 state=CommitState.RESERVED,
                 created_at_ms=codec.to_int(rest[1]),
             )
             return Reserved(intent)
+        if word == b"notmember" and admit and len(rest) == 1:
+            await self._replication.confirm(key.tenant, conv)  # a refusal waits too
+            return Admission(codec.to_int(rest[0]), False)
+        if word == b"noconv" and admit:
+            await self._replication.confirm(key.tenant, conv)
+            return None
         if word == b"exists":
             fields = codec.pairs(rest[0] if rest else [])
             if not request.matches_identity(fields.get(b"id", b"")):
@@ -152,6 +197,18 @@ class RedisMessageStore(MessageStore):
         if word == b"noconv":
             await self._replication.confirm(key.tenant, conv)
             raise StoreNotFound("conversation not found")
+        raise StoreCorrupt("redis gave an unexpected reply")
+
+    async def _admission(self, request: AuthenticatedSend) -> Admission | None:
+        """The membership store's point lookup, for when reserve could not run."""
+        ck = self._keys.conversation(request.tenant, request.conversation)
+        word, rest = await self._calls.run(
+            ADMISSION, [ck.shard.identity, ck.meta, ck.intervals], [request.sender], write=False
+        )
+        if word == b"ok" and len(rest) == 2:
+            return Admission(codec.to_int(rest[0]), codec.to_int(rest[1]) == 1)
+        if word == b"none":
+            return None
         raise StoreCorrupt("redis gave an unexpected reply")
 
     async def load_commit(self, key: CommitKey, conversation: str) -> LoadedCommit | None:
@@ -218,12 +275,17 @@ class RedisMessageStore(MessageStore):
     async def mark_committed(self, intent: CommitIntent) -> CommittedMessage:
         return await self._commit(intent, None)
 
-    async def _commit(
-        self, intent: CommitIntent, publication: OutboxPublication | None
-    ) -> CommittedMessage:
-        """One script for both COMMITTED steps: compact, leave the queue, unpin,
-        register the expiries."""
-        keys, args = self._intent_args(intent)
+    def _commit_call(
+        self,
+        intent: CommitIntent,
+        mode: str,
+        stream: str,
+        position: str,
+        intent_args: tuple[list[str], list[object]] | None = None,
+    ) -> tuple[list[str], list[Arg]]:
+        """KEYS and ARGV (its head included) of the commit script in ``mode``
+        (``intent_args``: ``_intent_args(intent)`` when the caller has it)."""
+        keys, args = intent_args or self._intent_args(intent)
         key, conv = intent.key, intent.conversation
         shard = self._keys.conversation(key.tenant, conv).shard
         s = self._settings
@@ -231,29 +293,44 @@ class RedisMessageStore(MessageStore):
         whole = intent.identity if intent.identity.startswith(WHOLE_HEADER) else b""
         commit_keys = [*keys, shard.queue, shard.created, shard.attempts, shard.quarantine,
                        *self._calls.pointer_keys(key)]  # fmt: skip
-        commit_args = [*args, "pc" if publication is not None else "c",
-             publication.stream if publication else "", publication.position if publication else "",
+        commit_args = [*args, mode, stream, position,
              s.idempotency_window_ms, ttl, s.history_retention_ms,
              self._keys.queue_member(key.tenant, conv, key.sender, key.cmid), conv,
              as_digest(intent.identity), whole]  # fmt: skip
+        return commit_keys, cast(list[Arg], [*self._calls.head(), *commit_args])
+
+    async def _commit(
+        self, intent: CommitIntent, publication: OutboxPublication | None
+    ) -> CommittedMessage:
+        """One script for both COMMITTED steps: compact, leave the queue, unpin,
+        register the expiries."""
+        commit_keys, commit_args = self._commit_call(
+            intent,
+            "pc" if publication is not None else "c",
+            publication.stream if publication else "",
+            publication.position if publication else "",
+        )
         replication = self._replication
         if replication.replicas:
             reply, acked = await self._calls.link.script_and_wait(
-                COMMIT,
-                commit_keys,
-                cast(list[Arg], [*self._calls.head(), *commit_args]),
-                replication.replicas,
-                replication.wait_ms,
+                COMMIT, commit_keys, commit_args, replication.replicas, replication.wait_ms
             )
-            word, rest = status(reply)
-            if word == b"committed":
-                replication.check(acked)
         else:
-            word, rest = await self._calls.run(COMMIT, commit_keys, commit_args)
+            reply, acked = await self._calls.link.script(COMMIT, commit_keys, commit_args), 0
+        return await self._committed(intent, reply, acked)
+
+    async def _committed(self, intent: CommitIntent, reply: Any, acked: int) -> CommittedMessage:
+        """The CommittedMessage of the commit script's ``reply`` (``acked``: the
+        replicas that acknowledged it, when this deployment waits for any)."""
+        word, rest = status(reply)
+        if word == b"committed" and self._replication.replicas:
+            self._replication.check(acked)
         if word == b"conflict":
             raise_conflict(rest)
         if word != b"committed" or len(rest) != 3:
             raise StoreCorrupt("redis gave an unexpected reply")
+        key, conv, s = intent.key, intent.conversation, self._settings
+        ttl = s.idempotency_window_ms + PHYSICAL_GRACE_MS
         await self._calls.expire_pointer(key, conv, s.idempotency_window_ms, ttl)
         return CommittedMessage(
             conversation=conv,
@@ -262,6 +339,46 @@ class RedisMessageStore(MessageStore):
             seq=codec.to_int(rest[1]),
             server_ts_ms=codec.to_int(rest[2]),
         )
+
+    # --- a fresh commit's last three steps in one round trip ---------------------
+
+    def pipelines_with(self, outbox: Outbox) -> bool:
+        """Only with this deployment's own outbox streams, and not on a Cluster
+        (its commits also expire the key's pointer in another slot)."""
+        link = self._calls.link
+        return not link.cluster and isinstance(outbox, RedisOutbox) and outbox.link is link
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        """put_record, outbox_append and commit (mode 'po'), each its own script,
+        sent in one pipeline: each checks the state the one before leaves, so a
+        step refused leaves RESERVED or RECORDED and the later ones refuse too."""
+        if not isinstance(outbox, RedisOutbox) or not 1 <= steps <= 3:
+            raise StoreInvalid("this outbox cannot be pipelined with this store")
+        keys, args = self._intent_args(intent)
+        head = self._calls.head()
+        r = intent.record
+        stream = outbox.stream_of(r.tenant, r.conversation)
+        commit_keys, commit_args = self._commit_call(intent, "po", stream, "", (keys, args))
+        append: list[Arg] = [*head, r.seq, r.message_id, *outbox.entry_fields(intent)]
+        calls: list[tuple[Script, list[str], list[Arg]]] = [
+            (PUT_RECORD, keys, cast(list[Arg], [*head, *args])),
+            (OUTBOX_APPEND, [keys[0], keys[1], keys[3], stream], append),
+            (COMMIT, commit_keys, commit_args),
+        ][:steps]
+        replication = self._replication
+        wait = (replication.replicas, replication.wait_ms) if replication.replicas else None
+        replies, acked = await self._calls.link.script_pipeline(calls, wait if steps == 3 else None)
+        for reply in replies[:2]:
+            word, rest = status(reply)
+            if word == b"conflict":
+                raise_conflict(rest)
+            if word not in (b"ok", b"appended"):
+                raise StoreCorrupt("redis gave an unexpected reply")
+        if steps < 3:
+            return None
+        return await self._committed(intent, replies[2], acked)
 
     # --- the recovery queue ------------------------------------------------------
 

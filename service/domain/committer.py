@@ -7,7 +7,11 @@ worker's advance is answered by re-reading the store and going forward.
 
 Admission is a point lookup at the current membership version and the
 delivery is frozen by reference to that version (DESIGN §9), so a send costs
-the same whatever the conversation's size. Recovery works the store's queue
+the same whatever the conversation's size. A store that can (Redis) decides
+admission inside its reserve step (``admits_in_reserve``) and sends a fresh
+intent's put_record, outbox append and commit mark together
+(``pipelines_with``): the same steps and states, fewer round trips; an armed
+fault point splits the pipeline where it falls. Recovery works the store's queue
 (DESIGN §12): one bad intent is retried later or quarantined, never a reason
 to stop.
 
@@ -40,7 +44,7 @@ from service.domain.errors import (
     StoreUnavailable,
     Unavailable,
 )
-from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash
+from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, Point
 from service.domain.ids import CommitKey
 from service.domain.limits import CommitLimits, SenderQuota, validate_history_query, validate_send
 from service.domain.model import (
@@ -62,11 +66,22 @@ from service.domain.model import (
     RecoveryReport,
     ReserveCandidate,
     Reserved,
+    ReserveResult,
 )
 from service.domain.ports import Clock, MembershipStore, MessageStore, Outbox, SystemClock
 from service.domain.recovery import RecoveryPolicy
 
 log = logging.getLogger(__name__)
+
+
+_STEPS_BEFORE: dict[Point, int] = {
+    FaultPoint.AFTER_PUT_RECORD: 1,
+    FaultPoint.OUTBOX_SENT_UNACKED: 2,  # sent together: the ack is simply not looked at
+    FaultPoint.AFTER_OUTBOX_ACK: 2,
+}
+"""How many of a pipelined commit's steps (put_record, outbox append, commit
+mark) come before each fault point they straddle."""
+_PIPELINE_SPLITS = tuple(_STEPS_BEFORE)
 
 
 class CommitObserver(Protocol):
@@ -141,6 +156,8 @@ class MessageCommitter:
             known = await self._before_admission(request)
             if known is not None:
                 return await self._settle(request, known)
+            if self._store.admits_in_reserve:
+                return await self._commit_admitting(request, delivery, candidate)
             admission = await self._admit(request)
             return await self._commit(request, delivery, candidate, admission)
 
@@ -153,9 +170,11 @@ class MessageCommitter:
             known = await self._before_admission(request)
             if known is not None:  # a replay, a conflict or an unfinished intent: no admission
                 return await self._settle(request, known)
-            admission = await self._admit(request)
             now = self._clock.now_ms()
             candidate = ReserveCandidate(new_message_id(now), now)
+            if self._store.admits_in_reserve:  # frozen at the version reserve reads
+                return await self._commit_admitting(request, None, candidate)
+            admission = await self._admit(request)
             delivery = FrozenDeliveryInput.at_version(admission.version)
             return await self._commit(request, delivery, candidate, admission)
 
@@ -197,6 +216,41 @@ class MessageCommitter:
             result = await self._store.reserve(request, delivery, candidate)
         except StoreError as exc:
             raise self._recoverable(key, request.conversation, "reserve", exc) from exc
+        return await self._reserved(request, result)
+
+    async def _commit_admitting(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> CommittedMessage:
+        """``_commit`` on a store whose reserve decides admission in the same step
+        (one round trip fewer); the outcomes are the same, in the same order."""
+        try:
+            self._quota.take(request.tenant, request.sender)
+        except QuotaExceeded:  # the rare refusal: keep its order (a non-member is told so first)
+            admission = await self._admit(request)
+            frozen = delivery or FrozenDeliveryInput.at_version(admission.version)
+            return await self._commit(request, frozen, candidate, admission)
+        try:
+            result = await self._store.reserve_admitted(request, delivery, candidate)
+        except StoreError as exc:
+            raise self._recoverable(request.key, request.conversation, "reserve", exc) from exc
+        if result is None or isinstance(result, Admission):
+            self._quota.refund(request.tenant, request.sender)
+            if result is None:
+                self._observer.outcome("rejected", "no_conversation")
+                raise ConversationNotFound("conversation not found")
+            return await self._existing_or_raise(  # as _commit does (a refusal: off the hot path)
+                request, NotAMember("sender is not a member of the conversation"), "not_member"
+            )
+        return await self._reserved(request, result)
+
+    async def _reserved(
+        self, request: AuthenticatedSend, result: ReserveResult
+    ) -> CommittedMessage:
+        """Go on from what reserve answered."""
+        key = request.key
         if not isinstance(result, Reserved):
             self._quota.refund(request.tenant, request.sender)  # a replay is never charged
         if isinstance(result, Committed):
@@ -249,6 +303,14 @@ class MessageCommitter:
         published: OutboxPublication | None = None  # an outbox ack this drive already holds
         for _ in range(self._max_steps):
             try:
+                if intent.state is CommitState.RESERVED and self._store.pipelines_with(
+                    self._outbox
+                ):
+                    committed = await self._pipelined(intent)
+                    if committed is not None:
+                        return self._acked(committed)
+                    intent = intent.advanced(CommitState.RECORDED)
+                    continue
                 if intent.state is CommitState.RESERVED:
                     await self._store.put_record(intent)
                     self.faults.check(FaultPoint.AFTER_PUT_RECORD)
@@ -279,6 +341,17 @@ class MessageCommitter:
                 raise self._recoverable(key, conversation, "store refused", exc) from exc
         self._observer.outcome("recoverable", "no_progress")
         raise Recoverable(key, conversation, "no progress after retries", "NoProgress")
+
+    async def _pipelined(self, intent: CommitIntent) -> CommittedMessage | None:
+        """put_record, the outbox append and the commit mark in one round trip.
+        With a fault point armed among them (tests, the campaign), only the steps
+        before it are sent, then the point fires there, as in the steps path."""
+        split = self.faults.first_armed(_PIPELINE_SPLITS)
+        steps = 3 if split is None else _STEPS_BEFORE[split]
+        committed = await self._store.finish_pipelined(intent, self._outbox, steps)
+        if split is not None:
+            self.faults.check(split)
+        return committed
 
     def _acked(self, message: CommittedMessage) -> CommittedMessage:
         self.faults.check(FaultPoint.AFTER_COMMIT_BEFORE_ACK)

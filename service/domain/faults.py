@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Sequence
 
 
 class FaultPoint(enum.StrEnum):
@@ -84,6 +85,15 @@ class FaultPoints:
     def arm(self, point: Point, times: int = 1) -> None:
         """Crash at ``point`` on its next ``times`` hits."""
         self._armed[point] = self._armed.get(point, 0) + times
+
+    def first_armed(self, points: Sequence[Point]) -> Point | None:
+        """The first of ``points`` (in their order) that is armed; None when none is.
+
+        A backend that sends several steps in one round trip sends only those
+        before this point, so the point still falls between two durable steps."""
+        if not self._armed:
+            return None
+        return next((p for p in points if self._armed.get(p, 0) > 0), None)
 
     def disarm_all(self) -> None:
         self._armed.clear()

@@ -173,6 +173,44 @@ class MessageStore(abc.ABC):
             between()
         return await self.mark_committed(intent.advanced(intent.state, publication))
 
+    # --- fewer round trips (optional capabilities; the defaults decline) ------------
+
+    admits_in_reserve: bool = False
+    """True when ``reserve_admitted`` checks the sender's admission inside reserve
+    (one step instead of a membership read, then reserve)."""
+
+    async def reserve_admitted(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult | Admission | None:
+        """``reserve``, with the sender's admission at the current membership
+        version decided in the same step, after the key's stored state (a known
+        key is answered whatever the membership says, as ``before_admission``
+        would). ``delivery`` None: frozen at the version the step read. Returns
+        an Admission (not a member) or None (no conversation) when it refused;
+        then nothing was written. Only called when ``admits_in_reserve``."""
+        raise NotImplementedError
+
+    def pipelines_with(self, outbox: Outbox) -> bool:
+        """True when ``finish_pipelined`` can send a RESERVED intent's remaining
+        steps through ``outbox`` together (the committer asks before each use)."""
+        return False
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        """The first ``steps`` of put_record, the outbox append and
+        ``mark_published_and_committed`` for a RESERVED ``intent``, each its own
+        conditional step, sent together. Each step checks its precondition where
+        it runs and refuses cleanly when the one before did not apply, so a
+        refusal leaves RESERVED or RECORDED, which the steps path resumes.
+        Returns the CommittedMessage after all three, None after fewer (the
+        committer splits there for an armed fault point); StoreConflict when a
+        step refused. Only called when ``pipelines_with(outbox)``."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         """Read whatever is stored for ``key`` (expired committed records: None)."""

@@ -58,7 +58,11 @@ def test_redis_campaign(redis_url: str, capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert (code, _verdict(out)) == (0, 0), out
     fired = _fired(out)
-    assert "crash M-COMMIT-04" in fired
+    for point in ("01", "02", "03", "04", "06"):
+        assert f"crash M-COMMIT-{point}" in fired
+    # a fresh commit's last steps go in one pipeline; an armed point splits it
+    for steps in (1, 2, 3):
+        assert f"pipelined commit, {steps} of 3 steps" in fired
     for bad_day in (
         "bad day: eviction policy refused",
         "bad day: lost deployment identity refused",

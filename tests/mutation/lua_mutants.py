@@ -78,8 +78,8 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
         "lua-reserve-seq-before-exists", "seq",
         "reserve allocates a seq before it checks whether the key exists (replays burn seqs)",
         COMMITS,
-        "--@prologue\nlocal fields = redis.call('HGETALL', KEYS[3])",
-        "--@prologue\nredis.call('HINCRBY', KEYS[2], 's', 1)\n"
+        "--@intervals\nlocal fields = redis.call('HGETALL', KEYS[3])",
+        "--@intervals\nredis.call('HINCRBY', KEYS[2], 's', 1)\n"
         "local fields = redis.call('HGETALL', KEYS[3])",
     ),
     _lua(
@@ -109,8 +109,8 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
         "reserve allocates a seq in a conversation that does not exist",
         COMMITS,
         "if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end\n"
-        "local seq = redis.call('HINCRBY', KEYS[2], 's', 1)",
-        "local seq = redis.call('HINCRBY', KEYS[2], 's', 1)",
+        "local delivery = ARGV[8]",
+        "local delivery = ARGV[8]",
     ),
     _lua(
         "lua-reserve-no-pin", "recovery",
@@ -130,14 +130,46 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
     _lua(
         "lua-reserve-keeps-old-attempts", "recovery",
         "a key reserved anew keeps the failed attempts of an earlier intent",
-        COMMITS, "redis.call('HDEL', KEYS[7], ARGV[9])\nreturn {'reserved', seq, now}",
-        "return {'reserved', seq, now}",
+        COMMITS, "redis.call('HDEL', KEYS[7], ARGV[9])\nreturn {'reserved'",
+        "return {'reserved'",
     ),
     _lua(
         "lua-reserve-state-recorded", "ACK",
         "reserve writes the intent as RECORDED before its record is in history",
         COMMITS, "redis.call('HSET', KEYS[3], 'st', '0', 'id', ARGV[4]",
         "redis.call('HSET', KEYS[3], 'st', '1', 'id', ARGV[4]",
+    ),
+    _lua(
+        "lua-reserve-admits-a-non-member", "authorisation",
+        "reserve with admission lets a sender who is not a member reserve (and commit)",
+        COMMITS, "  if not iv_is_member(redis.call('HGET', KEYS[8], ARGV[10])) then",
+        "  if false then",
+    ),
+    _lua(
+        "lua-reserve-admission-unknown-conversation", "seq",
+        "reserve with admission goes on in a conversation that does not exist",
+        COMMITS, "if ARGV[10] ~= '' and not version then return {'noconv'} end\n",
+    ),
+    _lua(
+        "lua-reserve-freezes-caller-delivery-away", "recovery",
+        "reserve with admission replaces the caller's frozen delivery by today's version",
+        COMMITS, "  if delivery == '' then delivery = ", "  if true then delivery = ",
+    ),
+    # --- outbox_append (a pipelined commit's outbox step) ----------------------------------
+    _lua(
+        "lua-append-no-state-check", "ACK",
+        "the pipelined outbox append publishes an intent whose record was never written",
+        COMMITS, "if c[1] ~= '1' then return {'conflict', 'state'} end\n",
+    ),
+    _lua(
+        "lua-append-no-record-check", "ACK",
+        "the pipelined outbox append publishes an intent whose record is not in history",
+        COMMITS, "if at[1] ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end\n",
+    ),
+    _lua(
+        "lua-commit-po-no-state-check", "ACK",
+        "the pipelined commit marks an intent COMMITTED whose outbox append did not run",
+        COMMITS, "  if not c.op then return {'conflict', 'publication'} end\n",
     ),
     # --- put_record ----------------------------------------------------------------------
     _lua(

@@ -42,8 +42,8 @@ async def test_compact_committed_record_is_small_and_listpack(redis_url: str) ->
     assert isinstance(sizes["memory_usage_bytes"], int) and sizes["memory_usage_bytes"] <= 400
     precompaction = sizes["precompaction_memory_usage_bytes"]
     assert isinstance(precompaction, int) and precompaction > sizes["memory_usage_bytes"]
-    assert sizes["redis_calls_fresh_commit"] == 5
-    assert sizes["redis_calls_replay"] == 2
+    assert sizes["redis_calls_fresh_commit"] == 2  # issue 27: was 5
+    assert sizes["redis_calls_replay"] == 1  # was 2
 
 
 async def test_committed_hash_keeps_only_digest_coordinates_and_publication(

@@ -25,7 +25,6 @@ from service.domain.errors import (
     IdempotencyConflict,
     NotAMember,
     Recoverable,
-    Unavailable,
 )
 from service.domain.ports import Backend
 from tests.servers.redis_server import RedisServer, open_initialised
@@ -147,7 +146,7 @@ async def test_waiting_costs_a_round_trip_only_on_the_ack(
             before = backend.requests["redis_call"]
             await c.commit_send(send(tenant))
             counts.append(backend.requests["redis_call"] - before)
-        assert counts == [5, 5]  # WAIT rides in the commit script's round trip
+        assert counts == [2, 2]  # WAIT rides in the commit pipeline's round trip
         await asyncio.sleep(0)
     finally:
         await plain.close()
@@ -171,10 +170,10 @@ async def test_with_wait_a_refusal_waits_for_replicas_too(
         unknown = send(tenant, conversation="nowhere")
         _pause(replica)
         try:
-            with pytest.raises(Recoverable):  # after reserve: retry the same key
-                await c.commit_send(reuse)
-            for refused in (outsider, unknown):  # before reserve: UNAVAILABLE all the same
-                with pytest.raises(Unavailable):
+            # All three are refused by the reserve script (admission is part of it):
+            # retry the same key (UNAVAILABLE over gRPC, as before)
+            for refused in (reuse, outsider, unknown):
+                with pytest.raises(Recoverable):
                     await c.commit_send(refused)
         finally:
             _resume(replica)

@@ -18,6 +18,7 @@ from typing import TypeVar
 from service.domain.errors import StoreCorrupt, StoreOutcomeUnknown, StoreUnavailable
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     CommittedMessage,
@@ -38,6 +39,10 @@ from service.domain.ports import Hook, MessageStore, Outbox, StoredCommit
 T = TypeVar("T")
 
 
+_PIPELINED_OPS = ("put_record", "mark_published_and_committed")
+"""The store calls a pipelined commit stands for (with the outbox's publish)."""
+
+
 class CallFault(enum.StrEnum):
     FAIL = "fail"  # never reaches the backend
     LOSE_REPLY = "lose_reply"  # applied, the reply is lost
@@ -56,6 +61,9 @@ class _Faults:
 
     def clear(self) -> None:
         self._plan.clear()
+
+    def planned(self, operation: str) -> bool:
+        return bool(self._plan.get(operation))
 
     async def call(self, operation: str, make: Callable[[], Awaitable[T]]) -> T:
         plan = self._plan.get(operation)
@@ -83,6 +91,8 @@ class FaultyStore(MessageStore):
         self.atomic_publish_commit = inner.atomic_publish_commit
         self.faults = _Faults(hang_s)
         self.poisoned: set[CommitKey] = set()
+        self.pipelined: Counter[int] = Counter()
+        """Pipelined commits sent, by how many of their 3 steps were sent."""
 
     def inject(self, operation: str, fault: CallFault, times: int = 1) -> None:
         """Make the next ``times`` calls of ``operation`` (a method name) fail."""
@@ -109,6 +119,38 @@ class FaultyStore(MessageStore):
         return await self.faults.call(
             "reserve", lambda: self.inner.reserve(request, delivery, candidate)
         )
+
+    @property
+    def admits_in_reserve(self) -> bool:  # type: ignore[override]
+        return self.inner.admits_in_reserve
+
+    async def reserve_admitted(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult | Admission | None:
+        self._check_poison(request.key)
+        return await self.faults.call(
+            "reserve", lambda: self.inner.reserve_admitted(request, delivery, candidate)
+        )
+
+    def pipelines_with(self, outbox: Outbox) -> bool:
+        """Pipelined only while no call fault is planned for a step it sends (a
+        planned one needs the steps one by one, to fail exactly that call)."""
+        if any(self.faults.planned(op) for op in _PIPELINED_OPS):
+            return False
+        if not isinstance(outbox, FaultyOutbox) or outbox.faults.planned("publish"):
+            return False
+        return self.inner.pipelines_with(outbox.inner)
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        self._check_poison(intent.key)
+        assert isinstance(outbox, FaultyOutbox)
+        self.pipelined[steps] += 1
+        return await self.inner.finish_pipelined(intent, outbox.inner, steps)
 
     async def put_record(self, intent: CommitIntent) -> None:
         self._check_poison(intent.key)

@@ -349,5 +349,7 @@ async def run_scenario(
     fired = Counter(w.fired)
     for (operation, fault), n in (store.faults.fired + outbox.faults.fired).items():
         fired[f"call {operation} {fault.value}"] += n
+    for steps, n in store.pipelined.items():
+        fired[f"pipelined commit, {steps} of 3 steps"] += n
     acks = sum(len(a) for a in w.ledger.acks.values())
     return ScenarioResult(seed, [f"seed {seed}: {v}" for v in violations], acks, fired)
