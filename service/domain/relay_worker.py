@@ -39,7 +39,7 @@ from service.domain.errors import (
     StoreNotFound,
 )
 from service.domain.faults import FaultPoints, RelayPoint
-from service.domain.mailbox import Mailbox, MailboxItem
+from service.domain.mailbox import Mailbox, MailboxItem, split_group
 from service.domain.model import MessageRecord, OutboxEntry
 from service.domain.ports import Clock, MembershipStore
 from service.domain.relay import (
@@ -287,12 +287,18 @@ class PartitionWork:
         return rejected
 
     async def _write(self, plans: Sequence[Plan]) -> tuple[int, int]:
-        """One group per target mailbox, a conversation's messages in seq order."""
+        """Each target mailbox's items, a conversation's messages in seq order, as
+        groups of bounded size (``split_group``): round k holds every mailbox's
+        k-th group, so a mailbox's groups are appended in order."""
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
             for mailbox in plan.mailboxes:
                 items[mailbox].append(MailboxItem(plan.record))
-        requests = [AppendRequest(m, tuple(i)) for m, i in items.items()]
+        parts = {m: split_group(i) for m, i in items.items()}
+        rounds = max((len(p) for p in parts.values()), default=0)
+        requests = [
+            AppendRequest(m, p[k]) for k in range(rounds) for m, p in parts.items() if k < len(p)
+        ]
         half = len(requests) // 2
         outcomes = await self._append(requests[:half])
         self._faults.check(RelayPoint.MID_FANOUT)
@@ -301,11 +307,20 @@ class PartitionWork:
         return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes)
 
     async def _append(self, requests: list[AppendRequest]) -> list[AppendOutcome]:
-        if not requests:
-            return []
-        outcomes = await self._ports.mailbox.append(requests, self.lease.fence)
-        if any(o.fenced for o in outcomes):
-            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
+        """The requests in order, one call per run in which no mailbox repeats (a
+        backend writes the requests of one call independently, maybe at once)."""
+        outcomes: list[AppendOutcome] = []
+        start = 0
+        while start < len(requests):
+            end, seen = start, set[Mailbox]()
+            while end < len(requests) and requests[end].mailbox not in seen:
+                seen.add(requests[end].mailbox)
+                end += 1
+            done = await self._ports.mailbox.append(requests[start:end], self.lease.fence)
+            if any(o.fenced for o in done):
+                raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
+            outcomes += done
+            start = end
         return outcomes
 
     async def _fail(self, held: list[PartitionEntry], problem: str) -> None:

@@ -9,6 +9,9 @@ import pytest
 
 from service.domain.errors import CursorExpired, IllegalTransition, InvalidRequest
 from service.domain.mailbox import (
+    MAX_GROUP_BYTES,
+    MAX_GROUP_ENTRIES,
+    MAX_PAGE_BYTES,
     LaneRead,
     LaneState,
     Mailbox,
@@ -19,6 +22,7 @@ from service.domain.mailbox import (
     check_cursor,
     new_items,
     parse_lane,
+    split_group,
     sync_limits,
     trim_cut,
 )
@@ -177,3 +181,24 @@ def test_trims_cut_whole_groups_by_age_and_by_count() -> None:
 def test_new_items_drop_what_the_lane_holds_and_repeats() -> None:
     items = [MailboxItem(entry(n, 1).record) for n in (1, 2, 2, 3)]
     assert [i.message_id for i in new_items(items, {"m3"})] == ["m1", "m2"]
+
+
+def test_groups_are_cut_at_entry_boundaries_within_the_byte_and_count_budgets() -> None:
+    big = [MailboxItem(entry(n, 1, "x" * 60_000).record) for n in range(1, 71)]
+    parts = split_group(big)
+    assert [i for part in parts for i in part] == big  # every item once, in order
+    assert all(sum(i.size_bytes() for i in part) <= MAX_GROUP_BYTES for part in parts)
+    assert len(parts) == 18  # four 60 KB entries a group (the fifth would pass 256 KiB)
+    huge = MailboxItem(entry(1, 1, "x" * (MAX_GROUP_BYTES + 1)).record)
+    assert split_group([huge, big[0]]) == [(huge,), (big[0],)]  # alone, never dropped
+    small = [MailboxItem(entry(n, 1).record) for n in range(MAX_GROUP_ENTRIES + 1)]
+    assert [len(p) for p in split_group(small)] == [MAX_GROUP_ENTRIES, 1]
+    assert split_group([]) == []
+
+
+def test_a_page_stays_within_the_transport_whatever_max_bytes_asks() -> None:
+    entries = tuple(entry(n, n, "x" * 60_000) for n in range(1, 71))
+    read = LaneRead(LaneState(1, 70, 0), entries)
+    page = build_page("inbox", MailboxCursor(), read, 1000, 4 << 20)
+    assert sum(e.size_bytes() for e in page.entries) <= MAX_PAGE_BYTES < 4 << 20
+    assert page.more and page.next_cursor.seq == len(page.entries)
