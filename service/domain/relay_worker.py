@@ -215,43 +215,94 @@ class PartitionWork:
     # --- one batch -------------------------------------------------------------
 
     async def _run(self, held: list[PartitionEntry], *, reconcile: bool) -> None:
+        """Deliver ``held``; a failure is charged to the entries it touched only: an
+        entry whose conversation, check or target mailbox failed is retried (or
+        dead-lettered after ``max_attempts``), the others of the batch are settled."""
         try:
-            plans, dead = await self._prepare(held)
+            plans, dead, failed = await self._prepare(held)
             if reconcile:
-                plans = await self._reconcile(plans)
-            added, duplicates = await self._write(plans)
+                plans, blind = await self._reconcile(plans)
+                failed += blind
+            added, duplicates, broken = await self._write(plans)
         except (LeaseLost, StoreFenced):
             raise
         except StoreError as exc:  # unavailable, or an unknown outcome: never success
-            await self._fail(held, type(exc).__name__)
+            await self._finish(held, [], [(h, type(exc).__name__) for h in held])
             return
-        gone = {d.entry.publication.position for d in dead}
-        sent = tuple(h.position for h in held if h.position not in gone)
-        await self._settle(Settlement(sent=sent, dead=tuple(dead)))
+        for plan in plans:
+            problem = next((broken[m] for m in plan.mailboxes if m in broken), None)
+            if problem is not None:
+                failed.append((plan.held, problem))
+        charged = {h.position for h, _ in failed}
+        delivered = [p for p in plans if p.held.position not in charged]
+        await self._finish(held, dead, failed)
         now = self._clock.now_ms()
-        ages = [now - p.held.entry.published_ms for p in plans if p.held.entry.published_ms]
-        self._observer.on_delivered(len(sent), added, duplicates, ages)
+        ages = [now - p.held.entry.published_ms for p in delivered if p.held.entry.published_ms]
+        sent = len(held) - len(dead) - len(charged)
+        self._observer.on_delivered(sent, added, duplicates, ages)
+
+    async def _finish(
+        self,
+        held: list[PartitionEntry],
+        dead: list[DeadLetter],
+        failed: list[tuple[PartitionEntry, str]],
+    ) -> None:
+        """One settle: the failed entries charged an attempt, the dead ones lettered,
+        every other entry of ``held`` sent."""
+        now = self._clock.now_ms()
+        dead = list(dead)
+        marks: list[RetryMark] = []
+        for h, problem in failed:
+            attempts = h.attempts + 1
+            if attempts >= self._policy.max_attempts:
+                dead.append(DeadLetter(h.entry, f"failed {attempts} times: {problem}", attempts))
+            else:
+                due = now + self._policy.retry_delay_ms(attempts)
+                marks.append(RetryMark(h.position, attempts, due, problem))
+        gone = {d.entry.publication.position for d in dead} | {h.position for h, _ in failed}
+        sent = tuple(h.position for h in held if h.position not in gone)
+        await self._settle(Settlement(sent=sent, retry=tuple(marks), dead=tuple(dead)))
+        if marks:
+            self._observer.on_retried(len(marks))
         if dead:
             self._observer.on_dead_lettered(len(dead))
+        if failed:
+            self._faults.check(RelayPoint.AFTER_RETRY_MARK)
+            self.reconciling = True
+            self._not_before = min((m.due_ms for m in marks), default=now)
 
-    async def _prepare(self, held: list[PartitionEntry]) -> tuple[list[Plan], list[DeadLetter]]:
-        """Each entry's record and target mailboxes; the undeliverable ones as dead letters."""
+    async def _prepare(
+        self, held: list[PartitionEntry]
+    ) -> tuple[list[Plan], list[DeadLetter], list[tuple[PartitionEntry, str]]]:
+        """Each entry's record and target mailboxes; the undeliverable ones as dead
+        letters; those whose history or membership read failed, with the error."""
         by_conversation: defaultdict[tuple[str, str], list[PartitionEntry]] = defaultdict(list)
         for h in held:
             by_conversation[(h.entry.tenant, h.entry.conversation)].append(h)
         plans: list[Plan] = []
         dead: list[DeadLetter] = []
+        failed: list[tuple[PartitionEntry, str]] = []
         for (tenant, conversation), entries in by_conversation.items():
-            records = await self._ports.records.records(
-                tenant, conversation, sorted({h.entry.seq for h in entries})
-            )
+            try:
+                records = await self._ports.records.records(
+                    tenant, conversation, sorted({h.entry.seq for h in entries})
+                )
+            except (LeaseLost, StoreFenced):
+                raise
+            except StoreError as exc:
+                failed += [(h, type(exc).__name__) for h in entries]
+                continue
             for h in entries:
                 try:
                     plans.append(await self._plan(h, records.get(h.entry.seq)))
                 except (Undeliverable, StoreNotFound, StoreInvalid, StoreCorrupt) as exc:
                     problem = str(exc) if isinstance(exc, Undeliverable) else type(exc).__name__
                     dead.append(DeadLetter(h.entry, problem, h.attempts + 1))
-        return plans, dead
+                except (LeaseLost, StoreFenced):
+                    raise
+                except StoreError as exc:
+                    failed.append((h, type(exc).__name__))
+        return plans, dead, failed
 
     async def _plan(self, held: PartitionEntry, record: MessageRecord | None) -> Plan:
         entry = held.entry
@@ -261,35 +312,62 @@ class PartitionWork:
             raise Undeliverable("history holds another message at this seq")
         return Plan(held, record, await self._targets.of(entry))
 
-    async def _reconcile(self, plans: list[Plan]) -> list[Plan]:
+    async def _reconcile(
+        self, plans: list[Plan]
+    ) -> tuple[list[Plan], list[tuple[PartitionEntry, str]]]:
         """Which unsettled entries' writes all happened (confirmed) and which not
-        (returned: to write again). A failed check raises: unknown, never success."""
+        (returned: to write again); those whose check failed for one of their
+        mailboxes, with the error (unknown, never success)."""
         wanted: defaultdict[Mailbox, list[str]] = defaultdict(list)
         for plan in plans:
             for mailbox in plan.mailboxes:
                 wanted[mailbox].append(plan.record.message_id)
         queries = [(m, tuple(ids)) for m, ids in wanted.items()]
-        try:
-            found = await self._ports.mailbox.contains(queries)
-        except StoreError:
-            self._observer.on_reconciled(Verdict.UNKNOWN, len(plans))
-            raise
+        found, blind = await self._contains(queries)
         holding: defaultdict[str, set[Mailbox]] = defaultdict(set)
         for (mailbox, _), present in zip(queries, found, strict=True):
             for message_id in present:
                 holding[message_id].add(mailbox)
-        rejected = []
+        rejected: list[Plan] = []
+        unknown: list[tuple[PartitionEntry, str]] = []
         for plan in plans:
+            problem = next((blind[m] for m in plan.mailboxes if m in blind), None)
+            if problem is not None:
+                self._observer.on_reconciled(Verdict.UNKNOWN, 1)
+                unknown.append((plan.held, problem))
+                continue
             result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
             self._observer.on_reconciled(result, 1)
             if result is Verdict.REJECTED:
                 rejected.append(plan)
-        return rejected
+        return rejected, unknown
 
-    async def _write(self, plans: Sequence[Plan]) -> tuple[int, int]:
+    async def _contains(
+        self, queries: list[tuple[Mailbox, tuple[str, ...]]]
+    ) -> tuple[list[frozenset[str]], dict[Mailbox, str]]:
+        """What each mailbox holds; when the call fails, each mailbox is asked alone
+        so that only the failing ones are unknown (with the error)."""
+        try:
+            return await self._ports.mailbox.contains(queries), {}
+        except StoreError as exc:
+            if len(queries) <= 1:
+                return [frozenset() for _ in queries], {m: type(exc).__name__ for m, _ in queries}
+        found: list[frozenset[str]] = []
+        blind: dict[Mailbox, str] = {}
+        for query in queries:
+            try:
+                found += await self._ports.mailbox.contains([query])
+            except StoreError as exc:
+                found.append(frozenset())
+                blind[query[0]] = type(exc).__name__
+        return found, blind
+
+    async def _write(self, plans: Sequence[Plan]) -> tuple[int, int, dict[Mailbox, str]]:
         """Each target mailbox's items, a conversation's messages in seq order, as
         groups of bounded size (``split_group``): round k holds every mailbox's
-        k-th group, so a mailbox's groups are appended in order."""
+        k-th group, so a mailbox's groups are appended in order. Returns what was
+        added, the duplicates, and the mailboxes whose append failed (with the
+        error: nothing after a failed group is written to that mailbox)."""
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
             for mailbox in plan.mailboxes:
@@ -300,46 +378,57 @@ class PartitionWork:
             AppendRequest(m, p[k]) for k in range(rounds) for m, p in parts.items() if k < len(p)
         ]
         half = len(requests) // 2
-        outcomes = await self._append(requests[:half])
+        broken: dict[Mailbox, str] = {}
+        outcomes = await self._append(requests[:half], broken)
         self._faults.check(RelayPoint.MID_FANOUT)
-        outcomes += await self._append(requests[half:])
+        outcomes += await self._append(requests[half:], broken)
         self._faults.check(RelayPoint.AFTER_FANOUT)
-        return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes)
+        return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes), broken
 
-    async def _append(self, requests: list[AppendRequest]) -> list[AppendOutcome]:
+    async def _append(
+        self, requests: list[AppendRequest], broken: dict[Mailbox, str]
+    ) -> list[AppendOutcome]:
         """The requests in order, one call per run in which no mailbox repeats (a
-        backend writes the requests of one call independently, maybe at once)."""
+        backend writes the requests of one call independently, maybe at once). A
+        failed call is made again one mailbox at a time, so that only the failing
+        mailboxes go into ``broken``; their later requests are left out."""
         outcomes: list[AppendOutcome] = []
         start = 0
         while start < len(requests):
-            end, seen = start, set[Mailbox]()
-            while end < len(requests) and requests[end].mailbox not in seen:
-                seen.add(requests[end].mailbox)
-                end += 1
-            done = await self._ports.mailbox.append(requests[start:end], self.lease.fence)
-            if any(o.fenced for o in done):
-                raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
-            outcomes += done
-            start = end
+            run: list[AppendRequest] = []
+            seen: set[Mailbox] = set()
+            while start < len(requests) and requests[start].mailbox not in seen:
+                seen.add(requests[start].mailbox)
+                if requests[start].mailbox not in broken:
+                    run.append(requests[start])
+                start += 1
+            outcomes += await self._append_run(run, broken)
         return outcomes
 
-    async def _fail(self, held: list[PartitionEntry], problem: str) -> None:
-        now = self._clock.now_ms()
-        marks, dead = [], []
-        for h in held:
-            attempts = h.attempts + 1
-            if attempts >= self._policy.max_attempts:
-                dead.append(DeadLetter(h.entry, f"failed {attempts} times: {problem}", attempts))
-            else:
-                due = now + self._policy.retry_delay_ms(attempts)
-                marks.append(RetryMark(h.position, attempts, due, problem))
-        await self._settle(Settlement(retry=tuple(marks), dead=tuple(dead)))
-        self._observer.on_retried(len(marks))
-        if dead:
-            self._observer.on_dead_lettered(len(dead))
-        self._faults.check(RelayPoint.AFTER_RETRY_MARK)
-        self.reconciling = True
-        self._not_before = min((m.due_ms for m in marks), default=now)
+    async def _append_run(
+        self, run: list[AppendRequest], broken: dict[Mailbox, str]
+    ) -> list[AppendOutcome]:
+        if not run:
+            return []
+        try:
+            done = await self._ports.mailbox.append(run, self.lease.fence)
+        except (LeaseLost, StoreFenced):
+            raise
+        except StoreError as exc:
+            if len(run) == 1:
+                broken[run[0].mailbox] = type(exc).__name__
+                return []
+            done = []
+            for request in run:
+                try:
+                    done += await self._ports.mailbox.append([request], self.lease.fence)
+                except (LeaseLost, StoreFenced):
+                    raise
+                except StoreError as alone:
+                    broken[request.mailbox] = type(alone).__name__
+        if any(o.fenced for o in done):
+            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
+        return done
 
     async def _settle(self, settlement: Settlement) -> None:
         if settlement.empty:

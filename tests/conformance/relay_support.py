@@ -98,14 +98,24 @@ async def inbox(backend: Backend, mailbox: Mailbox) -> list[tuple[str, int]]:
 
 class FlakyMailbox(MailboxStore):
     """A real mailbox store whose appends fail (StoreUnavailable, nothing written)
-    the next ``fail_appends`` times, and whose checks fail ``fail_checks`` times."""
+    the next ``fail_appends`` calls, and whose checks fail ``fail_checks`` calls;
+    a call touching a mailbox in ``down`` always fails (that mailbox's outage)."""
 
-    def __init__(self, inner: MailboxStore, fail_appends: int = 0, fail_checks: int = 0) -> None:
+    def __init__(
+        self,
+        inner: MailboxStore,
+        fail_appends: int = 0,
+        fail_checks: int = 0,
+        down: frozenset[Mailbox] = frozenset(),
+    ) -> None:
         self.inner = inner
         self.fail_appends = fail_appends
         self.fail_checks = fail_checks
+        self.down = down
 
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        if any(r.mailbox in self.down for r in requests):
+            raise StoreUnavailable("injected: a mailbox is down")
         if self.fail_appends > 0:
             self.fail_appends -= 1
             raise StoreUnavailable("injected: the mailbox store did not answer")
@@ -120,6 +130,8 @@ class FlakyMailbox(MailboxStore):
     async def contains(
         self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
     ) -> list[frozenset[str]]:
+        if any(m in self.down for m, _ in queries):
+            raise StoreUnavailable("injected: a mailbox is down")
         if self.fail_checks > 0:
             self.fail_checks -= 1
             raise StoreUnavailable("injected: the mailbox store did not answer")

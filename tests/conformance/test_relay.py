@@ -10,12 +10,13 @@ from collections import Counter
 
 import pytest
 
+from backends.memory.partitions import partition_of
 from service.domain.errors import IllegalTransition, LeaseLost
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, RelayPoint
 from service.domain.mailbox import Mailbox
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
 from service.domain.ports import Backend, ManualClock
-from service.domain.relay import RelayPolicy, Settlement, Verdict
+from service.domain.relay import DeadLetter, RelayPolicy, Settlement, Verdict
 from service.domain.relay_worker import PartitionWork, Targets
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
@@ -213,7 +214,8 @@ async def test_a_crash_at_any_relay_point_converges_exactly_once(
     faults.arm(point)
     delivery = None
     if point is RelayPoint.AFTER_RETRY_MARK:  # reached only after a failed write
-        delivery = with_mailbox(backend, FlakyMailbox(ports(backend).mailbox, fail_appends=1))
+        dave = frozenset({box(tenant, "dave")})  # dave's inbox is down: c2's entries fail
+        delivery = with_mailbox(backend, FlakyMailbox(ports(backend).mailbox, down=dave))
     with pytest.raises(InjectedCrash):
         await drain(backend, "relay-a", clock, faults=faults, delivery=delivery)
     assert faults.fired[point] == 1
@@ -241,7 +243,8 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     c = committer(backend, clock)
     await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
     await c.commit_send(send(tenant, "c1", cmid="m0"))
-    flaky = FlakyMailbox(ports(backend).mailbox, fail_appends=2)
+    # two attempts fail, each for both mailboxes (one call each: the halves of the fan-out)
+    flaky = FlakyMailbox(ports(backend).mailbox, fail_appends=4)
     seen = Seen()
     await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, flaky))
     assert seen.retried == 2 and seen.dead == 0  # two retry marks, then delivered
@@ -277,6 +280,65 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 1), ("c1", 2)]
 
 
+async def test_one_mailboxs_outage_charges_only_the_entries_addressed_to_it(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    await m.create_conversation(tenant, "c1", ["carol", "erin"])
+    for n in range(2):
+        await c.commit_send(send(tenant, "c1", sender="carol", cmid=f"before-{n}"))
+    await m.add_members(tenant, "c1", ["dave"])
+    for n in range(2):
+        await c.commit_send(send(tenant, "c1", sender="carol", cmid=f"after-{n}"))
+    dave = box(tenant, "dave")
+    down = FlakyMailbox(ports(backend).mailbox, down=frozenset({dave}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, down))
+    every = [("c1", s) for s in range(1, 5)]
+    for user in ("carol", "erin"):  # never held back by dave's inbox
+        assert await inbox(backend, box(tenant, user)) == every, user
+    assert await inbox(backend, dave) == []
+    # only the two entries addressed to dave were charged, each max_attempts times
+    assert (seen.retried, seen.dead) == (2 * (POLICY.max_attempts - 1), 2)
+    parts = ports(backend).partitions
+    letters: dict[str, tuple[str, DeadLetter]] = {}
+    for partition in parts.partitions():
+        found, _ = await parts.dead_letters(partition, "", 100)
+        letters |= {d.letter: (partition, d) for d in found if d.entry.tenant == tenant}
+    assert sorted(d.entry.seq for _, d in letters.values()) == [3, 4]
+    for partition, letter in letters.values():  # the outage is over: requeued, delivered
+        assert await parts.requeue(partition, [letter.letter]) == 1
+    await drain(backend, "relay-a", clock)
+    assert await inbox(backend, dave) == every[2:]
+    assert await inbox(backend, box(tenant, "carol")) == every  # deduped
+
+
+@pytest.mark.memory
+async def test_another_tenants_entries_in_the_batch_are_neither_charged_nor_dead_lettered(
+    memory_harness: Harness,
+) -> None:
+    backend, clock, _ = await _setup(memory_harness)
+    c = committer(backend, clock)
+    ta, tb = unique("ta"), unique("tb")
+    home = partition_of(ta, "c1")
+    other = next(f"k{n}" for n in range(1000) if partition_of(tb, f"k{n}") == home)
+    await backend.membership.create_conversation(ta, "c1", ["alice", "bob"])
+    await backend.membership.create_conversation(tb, other, ["carol", "dave"])
+    for n in range(3):  # one partition, one batch: ta's and tb's entries interleaved
+        await c.commit_send(send(ta, "c1", cmid=f"a{n}"))
+        await c.commit_send(send(tb, other, sender="carol", cmid=f"b{n}"))
+    down = FlakyMailbox(ports(backend).mailbox, down=frozenset({box(ta, "bob")}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, down))
+    for user in ("carol", "dave"):
+        assert await inbox(backend, box(tb, user)) == [(other, s) for s in (1, 2, 3)]
+    letters, _ = await ports(backend).partitions.dead_letters(home, "", 100)
+    assert {d.entry.tenant for d in letters} == {ta} and len(letters) == 3
+    assert (seen.retried, seen.dead) == (3 * (POLICY.max_attempts - 1), 3)
+
+
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:
     backend, clock, tenant = await _setup(harness)
     c = committer(backend, clock)
@@ -287,7 +349,7 @@ async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Har
     with pytest.raises(InjectedCrash):
         await drain(backend, "relay-a", clock, faults=faults)
     clock.advance(POLICY.lease_ms + 1)
-    blind = FlakyMailbox(ports(backend).mailbox, fail_checks=1)
+    blind = FlakyMailbox(ports(backend).mailbox, fail_checks=3)  # both, then each alone
     seen = Seen()
     await drain(backend, "relay-b", clock, seen=seen, delivery=with_mailbox(backend, blind))
     assert seen.verdicts[Verdict.UNKNOWN] == 1 and seen.retried == 1
