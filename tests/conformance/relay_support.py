@@ -4,14 +4,15 @@ read mailboxes back, make a mailbox fail on demand, record what the relay saw.""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts, MailboxStore
-from service.domain.errors import StoreUnavailable
+from service.domain.errors import StoreInvalid, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
-from service.domain.ports import Backend, ManualClock
+from service.domain.model import Admission, MembershipInfo, MembersSlice
+from service.domain.ports import Backend, ManualClock, MembershipStore
 from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
 from service.domain.relay_worker import PartitionWork, Targets
 
@@ -59,10 +60,11 @@ async def drain(
     faults: FaultPoints | None = None,
     seen: Seen | None = None,
     delivery: DeliveryPorts | None = None,
+    membership: MembershipStore | None = None,
 ) -> dict[str, Lease]:
     """One relay takes every partition and works each until it is idle."""
     d = delivery or ports(backend)
-    targets = Targets(d, backend.membership, policy.fanout_threshold)
+    targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
     leases = {}
     for partition in d.partitions.partitions():
         lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
@@ -146,3 +148,42 @@ class FlakyMailbox(MailboxStore):
 
 def with_mailbox(backend: Backend, mailbox: MailboxStore) -> DeliveryPorts:
     return replace(ports(backend), mailbox=mailbox)
+
+
+class CountingMembership(MembershipStore):
+    """A real membership store that counts the relay's listing calls per conversation;
+    listings of a conversation in ``refuse`` fail for good (StoreInvalid)."""
+
+    def __init__(self, inner: MembershipStore, refuse: frozenset[str] = frozenset()) -> None:
+        self.inner = inner
+        self.refuse = refuse
+        self.listings: Counter[str] = Counter()
+
+    async def create_conversation(
+        self, tenant: str, conversation: str, members: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.create_conversation(tenant, conversation, members)
+
+    async def add_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.add_members(tenant, conversation, users)
+
+    async def remove_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.remove_members(tenant, conversation, users)
+
+    async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
+        return await self.inner.admission(tenant, conversation, user)
+
+    async def members_at(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice:
+        self.listings[conversation] += 1
+        if conversation in self.refuse:
+            raise StoreInvalid("injected: this membership version is gone")
+        return await self.inner.members_at(tenant, conversation, version, after, limit)
+
+    async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
+        return await self.inner.membership_info(tenant, conversation)

@@ -23,6 +23,7 @@ from service.relay_metrics import RelayMetrics
 from tests.conformance.harness import Harness
 from tests.conformance.relay_support import (
     POLICY,
+    CountingMembership,
     FlakyMailbox,
     Seen,
     drain,
@@ -337,6 +338,63 @@ async def test_another_tenants_entries_in_the_batch_are_neither_charged_nor_dead
     letters, _ = await ports(backend).partitions.dead_letters(home, "", 100)
     assert {d.entry.tenant for d in letters} == {ta} and len(letters) == 3
     assert (seen.retried, seen.dead) == (3 * (POLICY.max_attempts - 1), 3)
+
+
+async def test_a_conversation_that_shrank_is_listed_in_a_few_calls_once_per_version(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    policy = RelayPolicy(fanout_threshold=3, lease_ms=10_000)
+    await m.create_conversation(tenant, "shrunk", ["alice", "bob"])
+    for page in range(8):  # 8,000 users came and went; never more than 1,002 at once
+        users = [f"g{page}-{n:04d}" for n in range(1000)]
+        await m.add_members(tenant, "shrunk", users)
+        await m.remove_members(tenant, "shrunk", users)
+    for n in range(3):
+        await c.commit_send(send(tenant, "shrunk", cmid=f"s{n}"))
+    counting = CountingMembership(m)
+    await drain(backend, "relay-a", clock, policy=policy, membership=counting)
+    for user in ("alice", "bob"):
+        assert await inbox(backend, box(tenant, user)) == [("shrunk", s) for s in (1, 2, 3)]
+    # one listing for the three entries (one version), each call reading thousands of users
+    assert counting.listings["shrunk"] <= 4, counting.listings
+
+
+async def test_a_big_conversation_that_shrank_keeps_its_lane_without_a_listing(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    policy = RelayPolicy(fanout_threshold=3, lease_ms=10_000)
+    await m.create_conversation(tenant, "big", ["u1", "u2", "u3", "u4", "u5"])
+    await c.commit_send(send(tenant, "big", sender="u1", cmid="b0"))
+    await drain(backend, "relay-a", clock, policy=policy)
+    await m.remove_members(tenant, "big", ["u3", "u4", "u5"])
+    for n in range(1, 4):
+        await c.commit_send(send(tenant, "big", sender="u1", cmid=f"b{n}"))
+    counting = CountingMembership(m)
+    await drain(backend, "relay-a", clock, policy=policy, membership=counting)
+    lane = Mailbox.conversation(tenant, "big")
+    assert await inbox(backend, lane) == [("big", s) for s in (1, 2, 3, 4)]
+    assert counting.listings["big"] == 0  # the lane exists: no member is listed
+
+
+async def test_a_membership_that_cannot_be_listed_is_walked_once_not_per_entry(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    for n in range(3):
+        await c.commit_send(send(tenant, "c1", cmid=f"m{n}"))
+    counting = CountingMembership(backend.membership, refuse=frozenset({"c1"}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, membership=counting)
+    assert seen.dead == 3 and seen.retried == 0
+    assert counting.listings["c1"] == 1
 
 
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:
