@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
 from service.api.interceptor import StatusInterceptor
+from service.api.limits import RpcLimits
 from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
@@ -111,7 +112,14 @@ class CommitServer:
         )
         self.http = HttpSide(metrics.registry, lambda: self.probe.readiness)
         self._server = aio.server(
-            interceptors=[*interceptors, StatusInterceptor(metrics, config.max_message_bytes)],
+            interceptors=[
+                *interceptors,
+                StatusInterceptor(
+                    metrics,
+                    config.max_message_bytes,
+                    RpcLimits(max_unary=config.max_concurrent_rpcs),
+                ),
+            ],
             options=[
                 # The transport refuses only requests over twice the limit; between
                 # the two, the interceptor answers from the error table, with ErrorInfo.
@@ -119,7 +127,8 @@ class CommitServer:
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use fails start-up, never shares
             ],
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+            # no transport limit: it would count every stream for its whole life
+            # (service/api/limits.py counts unary RPCs and streams apart)
         )
         committer_pb2_grpc.add_MessageCommitterServiceServicer_to_server(
             CommitterServicer(committer, clock), self._server
