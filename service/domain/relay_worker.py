@@ -14,9 +14,11 @@
    (``R-RELAY-06`` after that).
 
 A failed write (or an unknown outcome) settles the batch as retryable with a
-backoff (``R-RELAY-05``); an entry that can never be delivered (its
-conversation or membership version is gone, its record left history, its
-data is corrupt), or failed ``max_attempts`` times, is dead-lettered. A
+backoff (``R-RELAY-05``), and so does an entry whose record history does not
+show (yet: a lagging replica); an entry that can never be delivered (its
+conversation or membership version is gone, history holds another message
+at its seq, its data is corrupt), or failed ``max_attempts`` times, is
+dead-lettered. A
 fenced write or a lost lease ends the work at once: another relay holds the
 partition now. Everything here is stdlib-only; the runner (``service.relay``)
 owns the timing, the leases and the tasks.
@@ -331,8 +333,12 @@ class PartitionWork:
                 failed += [(h, type(exc).__name__) for h in entries]
                 continue
             for h in entries:
+                record = records.get(h.entry.seq)
+                if record is None:  # a replica not caught up yet, or trimmed: retried
+                    failed.append((h, "the record is not in history (yet)"))
+                    continue
                 try:
-                    plans.append(await self._plan(h, records.get(h.entry.seq)))
+                    plans.append(await self._plan(h, record))
                 except (Undeliverable, StoreNotFound, StoreInvalid, StoreCorrupt) as exc:
                     problem = str(exc) if isinstance(exc, Undeliverable) else type(exc).__name__
                     dead.append(DeadLetter(h.entry, problem, h.attempts + 1))
@@ -342,10 +348,8 @@ class PartitionWork:
                     failed.append((h, type(exc).__name__))
         return plans, dead, failed
 
-    async def _plan(self, held: PartitionEntry, record: MessageRecord | None) -> Plan:
+    async def _plan(self, held: PartitionEntry, record: MessageRecord) -> Plan:
         entry = held.entry
-        if record is None:
-            raise Undeliverable("the record is no longer in history")
         if record.message_id != entry.message_id:
             raise Undeliverable("history holds another message at this seq")
         return Plan(held, record, await self._targets.of(entry))

@@ -7,11 +7,17 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts, MailboxStore
+from service.domain.delivery import (
+    AppendOutcome,
+    AppendRequest,
+    DeliveryPorts,
+    HistoryRecords,
+    MailboxStore,
+)
 from service.domain.errors import StoreInvalid, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
-from service.domain.model import Admission, MembershipInfo, MembersSlice
+from service.domain.model import Admission, MembershipInfo, MembersSlice, MessageRecord
 from service.domain.ports import Backend, ManualClock, MembershipStore
 from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
 from service.domain.relay_worker import PartitionWork, Targets
@@ -187,3 +193,20 @@ class CountingMembership(MembershipStore):
 
     async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
         return await self.inner.membership_info(tenant, conversation)
+
+
+class LaggingRecords(HistoryRecords):
+    """The real history records, except that the first ``hide`` reads miss every
+    record (a replica that has not caught up yet)."""
+
+    def __init__(self, inner: HistoryRecords, hide: int) -> None:
+        self.inner = inner
+        self.hide = hide
+
+    async def records(
+        self, tenant: str, conversation: str, seqs: Sequence[int]
+    ) -> dict[int, MessageRecord]:
+        if self.hide > 0:
+            self.hide -= 1
+            return {}
+        return await self.inner.records(tenant, conversation, seqs)

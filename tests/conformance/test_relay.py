@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.conformance.relay_support import (
     POLICY,
     CountingMembership,
     FlakyMailbox,
+    LaggingRecords,
     Seen,
     drain,
     inbox,
@@ -426,6 +428,20 @@ async def test_an_undeliverable_entry_is_dead_lettered_at_once(harness: Harness)
     await drain(backend, "relay-a", clock, seen=seen)
     assert seen.dead == 1 and seen.retried == 0
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 2)]
+
+
+async def test_a_record_history_does_not_show_yet_is_retried_not_dead_lettered(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    await c.commit_send(send(tenant, "c1", cmid="m0"))
+    lagging = replace(ports(backend), records=LaggingRecords(ports(backend).records, hide=2))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=lagging)
+    assert (seen.dead, seen.retried) == (0, 2)  # missed twice, then read and delivered
+    assert await inbox(backend, box(tenant, "bob")) == [("c1", 1)]
 
 
 async def test_settling_an_entry_that_is_not_sending_is_an_illegal_transition(
