@@ -2,31 +2,36 @@
 
 ``step()`` does one durable step and says whether there was work:
 
-1. right after a lease with a new token (``R-RELAY-01``), and after a failed
-   batch, it reconciles: the oldest unsettled entries are read, each one's
-   target mailboxes are asked whether they hold its message; accepted
-   entries are confirmed, rejected ones written again, and when the check
-   fails (unknown) nothing is confirmed;
-2. otherwise it claims the next batch (``R-RELAY-02``), resolves each entry's
+1. right after a lease with a new token (``R-RELAY-01``), and after a batch
+   that failed in a way whose targets are unknown, it reconciles: the oldest
+   unsettled entries are read, each one's target mailboxes are asked whether
+   they hold its message; accepted entries are confirmed, rejected ones
+   written again, and when the check fails (unknown) nothing is confirmed;
+2. when a mailbox that failed is due again, its waiting entries are tried
+   again (``service.domain.relay_waiting``), reconciled first;
+3. otherwise it claims the next batch (``R-RELAY-02``), resolves each entry's
    recipients from its frozen delivery and its record from history, writes
-   one group per target mailbox (``R-RELAY-03`` half-way, ``R-RELAY-04``
-   after the last write) and only then settles the batch as sent
-   (``R-RELAY-06`` after that).
+   each target mailbox's groups (``R-RELAY-03`` half-way, ``R-RELAY-04``
+   after the last write) and only then settles the batch (``R-RELAY-06``
+   after that).
 
-A failed write (or an unknown outcome) settles the batch as retryable with a
-backoff (``R-RELAY-05``), and so does an entry whose record history does not
-show (yet: a lagging replica); an entry that can never be delivered (its
-conversation or membership version is gone, history holds another message
-at its seq, its data is corrupt), or failed ``max_attempts`` times, is
-dead-lettered. A
-fenced write or a lost lease ends the work at once: another relay holds the
-partition now. Everything here is stdlib-only; the runner (``service.relay``)
-owns the timing, the leases and the tasks.
+Failures are charged per entry and per mailbox (``R-RELAY-05``): the entries
+addressed to a mailbox whose append failed get a retry mark with a backoff
+and wait for it, with any newer entry addressed to it (untried), while the
+rest of the partition goes on; a failed history or membership read or check
+charges its entries and pauses the partition until the first retry, and so
+does a record history does not show (yet: a lagging replica). An entry that
+can never be delivered (its conversation or membership version is gone,
+history holds another message at its seq, its data is corrupt), or failed
+``max_attempts`` times, is dead-lettered. A fenced write or a lost lease
+ends the work at once: another relay holds the partition now. Everything
+here is stdlib-only; the runner (``service.relay``) owns the timing, the
+leases and the tasks.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,8 +47,8 @@ from service.domain.errors import (
 )
 from service.domain.faults import FaultPoints, RelayPoint
 from service.domain.mailbox import Mailbox, MailboxItem, split_group
-from service.domain.model import MessageRecord, OutboxEntry
-from service.domain.ports import Clock, MembershipStore
+from service.domain.model import MessageRecord
+from service.domain.ports import Clock
 from service.domain.relay import (
     DeadLetter,
     EntryState,
@@ -56,9 +61,8 @@ from service.domain.relay import (
     Verdict,
     verdict,
 )
-
-MAX_MEMBER_CALLS = 10_000
-TARGET_CACHE_SIZE = 10_000
+from service.domain.relay_waiting import Waiting
+from service.domain.targets import Targets
 
 
 class RelayObserver(Protocol):
@@ -108,92 +112,6 @@ class StepResult:
     wait_ms: int = 0
 
 
-MEMBER_PAGE = 1000
-"""Members asked per listing call, however few the decision still needs: a backend
-examines a bounded multiple of the count asked per call (Redis, Scylla: 4x), so
-users who left long ago cost one call per ~4,000 of them, not one per few."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Refused:
-    """A listing that failed for good (its version or conversation is gone): every
-    entry of that version is refused the same way without another walk."""
-
-    kind: type[StoreError]
-    problem: str
-
-
-class Targets:
-    """Who gets an entry: its frozen recipients' inboxes, or the conversation's own
-    lane when it has more members than the threshold (sticky once it has one).
-
-    Decided once per (conversation, membership version) and cached: a lane that
-    exists settles it with one read; else the current member count settles it
-    when the version is the current one; only otherwise are the members listed."""
-
-    def __init__(self, ports: DeliveryPorts, membership: MembershipStore, threshold: int) -> None:
-        self._ports = ports
-        self._membership = membership
-        self._threshold = threshold
-        self._cache: OrderedDict[tuple[str, str, int], tuple[Mailbox, ...] | _Refused] = (
-            OrderedDict()
-        )
-
-    async def of(self, entry: OutboxEntry) -> tuple[Mailbox, ...]:
-        if entry.recipients is not None:  # release 1: recipients frozen inline
-            return await self._decide(entry.tenant, entry.conversation, list(entry.recipients))
-        key = (entry.tenant, entry.conversation, entry.membership_version)
-        found = self._cache.get(key)
-        if found is None:
-            try:
-                found = await self._resolve(*key)
-            except (StoreInvalid, StoreNotFound) as exc:
-                found = _Refused(type(exc), str(exc))
-            self._cache[key] = found
-            if len(self._cache) > TARGET_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        if isinstance(found, _Refused):
-            raise found.kind(found.problem)
-        return found
-
-    async def _resolve(self, tenant: str, conversation: str, version: int) -> tuple[Mailbox, ...]:
-        lane = Mailbox.conversation(tenant, conversation)
-        if await self._has_lane(lane):  # it was big once: it stays big, whoever is left
-            return (lane,)
-        info = await self._membership.membership_info(tenant, conversation)
-        if info is not None and info.version == version and info.member_count > self._threshold:
-            return (lane,)
-        members = set(await self._members(tenant, conversation, version))
-        if len(members) > self._threshold:
-            return (lane,)
-        return tuple(Mailbox.inbox(tenant, user) for user in sorted(members))
-
-    async def _members(self, tenant: str, conversation: str, version: int) -> list[str]:
-        """The members at ``version``, or the first threshold + 1 of them."""
-        members: list[str] = []
-        after = ""
-        for _ in range(MAX_MEMBER_CALLS):
-            want = max(self._threshold + 1 - len(members), MEMBER_PAGE)
-            page = await self._membership.members_at(tenant, conversation, version, after, want)
-            members += page.members
-            after = page.next_after
-            if not after or len(members) > self._threshold:
-                return members
-        raise StoreInvalid("the membership listing did not end")
-
-    async def _has_lane(self, lane: Mailbox) -> bool:
-        (state,) = await self._ports.mailbox.lane_state([lane])
-        return state.head > 0 or state.epoch > 1
-
-    async def _decide(
-        self, tenant: str, conversation: str, members: list[str]
-    ) -> tuple[Mailbox, ...]:
-        lane = Mailbox.conversation(tenant, conversation)
-        if len(set(members)) > self._threshold or await self._has_lane(lane):
-            return (lane,)
-        return tuple(Mailbox.inbox(tenant, user) for user in sorted(set(members)))
-
-
 class PartitionWork:
     """The relay's state for one held partition; the runner calls ``step``."""
 
@@ -218,6 +136,7 @@ class PartitionWork:
         self._tracker = Tracker()
         self.reconciling = True  # a relay never knows what an earlier holder left
         self._not_before = 0
+        self._waiting = Waiting()
         if lease.taken_over:
             self._faults.check(RelayPoint.AFTER_TAKEOVER)
 
@@ -232,8 +151,10 @@ class PartitionWork:
         if now < self._not_before:
             return StepResult(False, self._not_before - now)
         partitions = self._ports.partitions
-        if self.reconciling:
-            held = await partitions.unsettled(self.lease, self._policy.batch)
+        batch = self._policy.batch
+        if self.reconciling:  # what this relay is not waiting for itself
+            held = await partitions.unsettled(self.lease, batch + len(self._waiting))
+            held = [h for h in held if h.position not in self._waiting][:batch]
             if not held:
                 self.reconciling = False
                 return StepResult(True)
@@ -244,9 +165,14 @@ class PartitionWork:
             self._tracker.move([h.position for h in held if h.attempts], EntryState.SENDING)
             await self._run(held, reconcile=True)
             return StepResult(True)
-        held = await partitions.claim(self.lease, self._policy.batch)
+        again = self._waiting.due(now, batch)
+        if again:  # a sick mailbox is due: its waiting entries, before anything newer
+            self._tracker.move([h.position for h in again], EntryState.SENDING)
+            await self._run(again, reconcile=True, hold=False)
+            return StepResult(True)
+        held = await partitions.claim(self.lease, batch)
         if not held:
-            return StepResult(False)
+            return StepResult(False, self._waiting.next_due_ms(now))
         self._tracker.move([h.position for h in held], EntryState.SENDING)
         self._faults.check(RelayPoint.AFTER_CLAIM)
         await self._run(held, reconcile=False)
@@ -254,31 +180,66 @@ class PartitionWork:
 
     # --- one batch -------------------------------------------------------------
 
-    async def _run(self, held: list[PartitionEntry], *, reconcile: bool) -> None:
+    async def _run(self, held: list[PartitionEntry], *, reconcile: bool, hold: bool = True) -> None:
         """Deliver ``held``; a failure is charged to the entries it touched only: an
         entry whose conversation, check or target mailbox failed is retried (or
-        dead-lettered after ``max_attempts``), the others of the batch are settled."""
+        dead-lettered after ``max_attempts``), the others of the batch are settled.
+        With ``hold``, entries addressed to a sick mailbox wait for it untried.
+
+        Entries whose mailboxes failed wait for them (``Waiting``) while the
+        partition goes on; any other failure (history, membership, a check)
+        pauses the partition until the first retry, as its targets are unknown."""
         try:
             plans, dead, failed = await self._prepare(held)
             if reconcile:
                 plans, blind = await self._reconcile(plans)
                 failed += blind
+            pause = bool(failed)
+            back: list[tuple[Plan, int]] = []
+            if hold:
+                keep = []
+                for plan in plans:
+                    due = self._waiting.sick_due(plan.mailboxes)
+                    if due is None:
+                        keep.append(plan)
+                    else:
+                        back.append((plan, due))
+                plans = keep
             added, duplicates, broken = await self._write(plans)
         except (LeaseLost, StoreFenced):
             raise
         except StoreError as exc:  # unavailable, or an unknown outcome: never success
-            await self._finish(held, [], [(h, type(exc).__name__) for h in held])
+            await self._finish(held, [], [(h, type(exc).__name__) for h in held], [], pause=True)
+            self._waiting.clear()  # the reconciliation after the pause takes them all
             return
+        charged: list[Plan] = []
         for plan in plans:
             problem = next((broken[m] for m in plan.mailboxes if m in broken), None)
             if problem is not None:
                 failed.append((plan.held, problem))
-        charged = {h.position for h, _ in failed}
-        delivered = [p for p in plans if p.held.position not in charged]
-        await self._finish(held, dead, failed)
+                charged.append(plan)
+        waits = [(p.held, due) for p, due in back]
+        marks = await self._finish(held, dead, failed, waits, pause=pause)
+        if pause:
+            self._waiting.clear()  # the reconciliation after the pause takes them all
+        else:
+            for plan in charged:
+                mark = marks.get(plan.held.position)
+                if mark is not None:  # else dead-lettered
+                    again = PartitionEntry(plan.held.entry, mark.attempts)
+                    sick = [m for m in plan.mailboxes if m in broken]
+                    self._waiting.add(again, plan.mailboxes, mark.due_ms, sick)
+            for plan, due in back:
+                self._waiting.add(plan.held, plan.mailboxes, due)
+        had = len(self._waiting)
+        self._waiting.forget(h.position for h in held if h.position not in marks)
+        if had and not self._waiting:  # the outage is over: look at what is unsettled once
+            self.reconciling = True
         now = self._clock.now_ms()
+        waiting = {h.position for h, _ in failed} | {h.position for h, _ in waits}
+        delivered = [p for p in plans if p.held.position not in waiting]
         ages = [now - p.held.entry.published_ms for p in delivered if p.held.entry.published_ms]
-        sent = len(held) - len(dead) - len(charged)
+        sent = len(held) - len(dead) - len(waiting)
         self._observer.on_delivered(sent, added, duplicates, ages)
 
     async def _finish(
@@ -286,9 +247,14 @@ class PartitionWork:
         held: list[PartitionEntry],
         dead: list[DeadLetter],
         failed: list[tuple[PartitionEntry, str]],
-    ) -> None:
-        """One settle: the failed entries charged an attempt, the dead ones lettered,
-        every other entry of ``held`` sent."""
+        waits: list[tuple[PartitionEntry, int]],
+        *,
+        pause: bool,
+    ) -> dict[str, RetryMark]:
+        """One settle: the failed entries charged an attempt, the waiting ones marked
+        (not charged), the dead ones lettered, every other entry of ``held`` sent.
+        Returns the retry marks by position; ``pause`` stops the partition until
+        the first of them is due."""
         now = self._clock.now_ms()
         dead = list(dead)
         marks: list[RetryMark] = []
@@ -299,17 +265,23 @@ class PartitionWork:
             else:
                 due = now + self._policy.retry_delay_ms(attempts)
                 marks.append(RetryMark(h.position, attempts, due, problem))
-        gone = {d.entry.publication.position for d in dead} | {h.position for h, _ in failed}
+        charged = len(marks)
+        marks += [
+            RetryMark(h.position, h.attempts, due, "waiting for a mailbox") for h, due in waits
+        ]
+        gone = {d.entry.publication.position for d in dead} | {m.position for m in marks}
         sent = tuple(h.position for h in held if h.position not in gone)
         await self._settle(Settlement(sent=sent, retry=tuple(marks), dead=tuple(dead)))
-        if marks:
-            self._observer.on_retried(len(marks))
+        if charged:
+            self._observer.on_retried(charged)
         if dead:
             self._observer.on_dead_lettered(len(dead))
-        if failed:
+        if failed or waits:
             self._faults.check(RelayPoint.AFTER_RETRY_MARK)
+        if pause and failed:
             self.reconciling = True
             self._not_before = min((m.due_ms for m in marks), default=now)
+        return {m.position: m for m in marks}
 
     async def _prepare(
         self, held: list[PartitionEntry]

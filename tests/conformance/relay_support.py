@@ -20,7 +20,8 @@ from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
 from service.domain.model import Admission, MembershipInfo, MembersSlice, MessageRecord
 from service.domain.ports import Backend, ManualClock, MembershipStore
 from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 
 POLICY = RelayPolicy(batch=50, lease_ms=10_000, fanout_threshold=1000, max_attempts=4)
 MAX_STEPS = 500

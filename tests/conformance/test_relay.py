@@ -18,7 +18,8 @@ from service.domain.mailbox import Mailbox
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import DeadLetter, RelayPolicy, Settlement, Verdict
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
 from tests.conformance.harness import Harness
@@ -397,6 +398,51 @@ async def test_a_membership_that_cannot_be_listed_is_walked_once_not_per_entry(
     await drain(backend, "relay-a", clock, seen=seen, membership=counting)
     assert seen.dead == 3 and seen.retried == 0
     assert counting.listings["c1"] == 1
+
+
+@pytest.mark.memory
+async def test_one_mailboxs_outage_does_not_hold_back_the_rest_of_its_partition(
+    memory_harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(memory_harness)
+    c = committer(backend, clock)
+    home = partition_of(tenant, "down")
+    other = next(f"k{n}" for n in range(1000) if partition_of(tenant, f"k{n}") == home)
+    await backend.membership.create_conversation(tenant, "down", ["alice", "dave"])
+    await backend.membership.create_conversation(tenant, other, ["carol", "erin"])
+    await c.commit_send(send(tenant, "down", cmid="d0"))
+    for n in range(6):
+        await c.commit_send(send(tenant, other, sender="carol", cmid=f"k{n}"))
+    await c.commit_send(send(tenant, "down", cmid="d1"))  # waits behind d0 for dave: in order
+    policy = RelayPolicy(batch=2, lease_ms=60_000, fanout_threshold=1000, max_attempts=4)
+    flaky = FlakyMailbox(ports(backend).mailbox, down=frozenset({box(tenant, "dave")}))
+    d = with_mailbox(backend, flaky)
+    lease = await d.partitions.acquire(home, "relay-a", policy.lease_ms)
+    assert lease is not None
+    seen = Seen()
+    work = PartitionWork(
+        lease, d, Targets(d, backend.membership, 1000), policy=policy, clock=clock, observer=seen
+    )
+    for _ in range(50):  # the clock stands still: no backoff passes
+        result = await work.step()
+        if not result.worked and not work.reconciling:
+            break
+    assert result.wait_ms > 0  # only dave's entries wait
+    for user in ("carol", "erin"):
+        assert await inbox(backend, box(tenant, user)) == [(other, s) for s in range(1, 7)]
+    assert await inbox(backend, box(tenant, "alice")) == [("down", 1)]
+    assert await inbox(backend, box(tenant, "dave")) == []
+    assert seen.retried == 1 and seen.dead == 0  # d0 was tried; d1 waits untried
+    flaky.down = frozenset()  # dave's mailbox is back
+    for _ in range(50):
+        result = await work.step()
+        if result.wait_ms:
+            clock.advance(result.wait_ms)
+        elif not result.worked and not work.reconciling:
+            break
+    assert await inbox(backend, box(tenant, "dave")) == [("down", 1), ("down", 2)]
+    assert await inbox(backend, box(tenant, "alice")) == [("down", 1), ("down", 2)]
+    assert await ports(backend).partitions.oldest_pending_ms(work.lease) is None
 
 
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:

@@ -16,7 +16,8 @@ import pytest
 from service.domain.mailbox import Mailbox
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import Lease
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from tests.conformance.relay_support import POLICY, Seen, drain, inbox, ports
 from tests.redis.test_replication import _pause, _promote, _resume, _wait_in_sync, replica
 from tests.servers.redis_server import RedisServer, open_initialised

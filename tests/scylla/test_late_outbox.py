@@ -31,7 +31,8 @@ from service.domain.delivery import DeliverySettings
 from service.domain.mailbox import Mailbox
 from service.domain.ports import ManualClock
 from service.domain.relay import RelayPolicy
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from tests.conformance.relay_support import inbox, ports
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, send, unique

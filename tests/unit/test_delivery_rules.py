@@ -26,16 +26,18 @@ from service.domain.mailbox import (
     sync_limits,
     trim_cut,
 )
-from service.domain.model import MessageRecord
+from service.domain.model import MessageRecord, OutboxEntry, OutboxPublication
 from service.domain.relay import (
     TRANSITIONS,
     EntryState,
+    PartitionEntry,
     RelayPolicy,
     Tracker,
     Verdict,
     transition,
     verdict,
 )
+from service.domain.relay_waiting import Waiting
 from tests.support import text
 
 S = EntryState
@@ -202,3 +204,24 @@ def test_a_page_stays_within_the_transport_whatever_max_bytes_asks() -> None:
     page = build_page("inbox", MailboxCursor(), read, 1000, 4 << 20)
     assert sum(e.size_bytes() for e in page.entries) <= MAX_PAGE_BYTES < 4 << 20
     assert page.more and page.next_cursor.seq == len(page.entries)
+
+
+def test_waiting_entries_are_tried_again_in_order_per_mailbox() -> None:
+    def held(position: str) -> PartitionEntry:
+        entry = OutboxEntry(OutboxPublication("s", position), "t", "c", 1, f"m{position}", None)
+        return PartitionEntry(entry)
+
+    a, b = Mailbox.inbox("t", "a"), Mailbox.inbox("t", "b")
+    waiting = Waiting()
+    waiting.add(held("1"), [a, b], 100, broken=[b])  # b is sick until 100
+    waiting.add(held("2"), [a], 50, broken=[a])  # a until 50, but 1 (older) waits on a too
+    waiting.add(held("3"), [b], 100)  # waits for b, untried
+    assert waiting.sick_due([a, b]) == 100 and waiting.next_due_ms(0) == 50
+    assert waiting.due(60, 10) == []  # 2 may not pass 1 on a
+    assert [h.position for h in waiting.due(100, 10)] == ["1", "2", "3"]
+    assert [h.position for h in waiting.due(100, 2)] == ["1", "2"]
+    waiting.add(held("1"), [a, b], 200, broken=[b])  # tried again, failed again: keeps its place
+    waiting.forget(["2"])
+    assert [h.position for h in waiting.due(150, 10)] == []  # 3 waits behind 1 on b
+    waiting.forget(["1", "3"])
+    assert len(waiting) == 0 and waiting.next_due_ms(0) == 0  # nobody sick any more
