@@ -53,6 +53,7 @@ PROG = "message-committer"
 DELEGATED: dict[str, tuple[str, str]] = {
     "relay": ("service.relay_main", "deliver the outbox into mailboxes (Redis, Scylla)"),
     "relay-dead-letters": ("service.dead_letters", "list or requeue the relay's dead letters"),
+    "mailbox-new-epoch": ("service.new_epoch", "start a user's inbox or a lane's next epoch"),
     "migrate": ("backends.migrate", "initialise or upgrade the Redis or Scylla storage"),
     "redis-record-size": ("backends.redis.sizing", "measure Redis memory per committed message"),
     "bench": ("toolkit.bench.cli", "run the commit benchmark against a backend"),

@@ -176,7 +176,8 @@ class ServiceConfig:
     """Largest gRPC message received or sent, in bytes."""
 
     max_concurrent_rpcs: int = 1000
-    """RPCs served at once; more are rejected with RESOURCE_EXHAUSTED (0 = unlimited)."""
+    """Unary RPCs served at once; more are rejected with RESOURCE_EXHAUSTED (0 = unlimited).
+    Streams (Subscribe) are counted apart (service/api/limits.py)."""
 
     recovery_interval: float = field(default=10.0, metadata=_DURATION)
     """How often this replica runs recovery (jittered by +-20%)."""
@@ -255,7 +256,7 @@ class ServiceConfig:
     """Most entries one mailbox lane keeps; older groups are trimmed."""
 
     subscribe_poll_interval: float = field(default=1.0, metadata=_DURATION)
-    """How often a Subscribe stream looks at its user's lanes for new entries."""
+    """How often the replica's one lane watcher reads the heads of every subscribed lane."""
 
     relay_http_address: str = "127.0.0.1:9465"
     """HOST:PORT of the relay's HTTP side port (/metrics, /healthz, /readyz)."""

@@ -33,7 +33,8 @@ from service.domain.errors import IllegalTransition, LeaseLost, StoreError, Stor
 from service.domain.faults import FaultPoints, InjectedCrash
 from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from service.relay_metrics import RelayMetrics
 from service.tasks import cancel_and_wait, wait_event
 

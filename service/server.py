@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from service.api.admin import MembershipServicer
 from service.api.gate import GateInterceptor, WriteGate
 from service.api.interceptor import StatusInterceptor
+from service.api.limits import RpcLimits
 from service.api.mailbox import MailboxServicer
 from service.api.recovery_admin import RecoveryAdminServicer
 from service.api.servicer import CommitterServicer
@@ -119,7 +120,11 @@ class CommitServer:
         self._server = aio.server(
             interceptors=[
                 *interceptors,
-                StatusInterceptor(metrics, config.max_message_bytes),
+                StatusInterceptor(
+                    metrics,
+                    config.max_message_bytes,
+                    RpcLimits(max_unary=config.max_concurrent_rpcs),
+                ),
                 GateInterceptor(self.gate),  # inside: a refusal is mapped and counted
             ],
             options=[
@@ -129,7 +134,8 @@ class CommitServer:
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use fails start-up, never shares
             ],
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+            # no transport limit: it would count every stream for its whole life
+            # (service/api/limits.py counts unary RPCs and streams apart)
         )
         committer_pb2_grpc.add_MessageCommitterServiceServicer_to_server(
             CommitterServicer(committer, clock), self._server

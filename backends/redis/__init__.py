@@ -35,6 +35,7 @@ from backends.redis.link import RedisLink, connect
 from backends.redis.lua import Script
 from backends.redis.members import RedisMembershipStore
 from backends.redis.outbox import RedisOutbox
+from backends.redis.replication import Replication
 from backends.redis.store import RedisMessageStore
 from service.domain.delivery import DeliverySettings
 from service.domain.errors import StoreError, StoreSchemaError, StoreUnavailable, StoreWiped
@@ -123,7 +124,8 @@ async def open_redis_backend(
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
     calls = CommitCalls(link, keys, found.identity, test_clock)
     try:
-        ports = await delivery_side(calls, delivery or DeliverySettings())
+        replication = Replication(link, keys, wait_replicas, wait_timeout_ms)
+        ports = await delivery_side(calls, delivery or DeliverySettings(), replication)
     except StoreError:
         await link.close()
         raise

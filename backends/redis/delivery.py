@@ -17,6 +17,7 @@ from backends.redis.commits import CommitCalls
 from backends.redis.keys import Release1Keys, enc
 from backends.redis.mailbox import RedisMailboxStore
 from backends.redis.partitions import RedisOutboxPartitions
+from backends.redis.replication import Replication
 from service.domain.delivery import (
     ConversationIndex,
     DeliveryPorts,
@@ -90,15 +91,22 @@ class RedisHistoryRecords(HistoryRecords):
         return found
 
 
-async def open_delivery(calls: CommitCalls, settings: DeliverySettings) -> DeliveryPorts:
-    """The delivery side over an opened Redis backend's connection."""
+async def open_delivery(
+    calls: CommitCalls, settings: DeliverySettings, replication: Replication | None = None
+) -> DeliveryPorts:
+    """The delivery side over an opened Redis backend's connection; with
+    ``replication`` (``MC_REDIS_WAIT_REPLICAS``) mailbox appends and settles wait
+    for the replicas like commits do."""
     legacy = not calls.link.cluster and bool(
         await calls.link.call("EXISTS", Release1Keys(calls.keys.prefix).outbox, write=False)
     )
     return DeliveryPorts(
-        mailbox=RedisMailboxStore(calls, settings.mailbox),
+        mailbox=RedisMailboxStore(calls, settings.mailbox, replication),
         partitions=RedisOutboxPartitions(
-            calls, legacy=legacy, retention_ms=settings.outbox_retention_ms
+            calls,
+            legacy=legacy,
+            retention_ms=settings.outbox_retention_ms,
+            replication=replication,
         ),
         index=RedisConversationIndex(calls),
         records=RedisHistoryRecords(calls),

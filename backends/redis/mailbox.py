@@ -33,13 +33,14 @@ written to; an idle lane keeps its entries until its next append.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from backends.redis import codec
 from backends.redis.commits import CommitCalls, status
 from backends.redis.keys import dec, enc
 from backends.redis.lua import script
+from backends.redis.replication import Replication
 from service.domain.delivery import AppendOutcome, AppendRequest, MailboxSettings, MailboxStore
 from service.domain.errors import StoreCorrupt, StoreInvalid
 from service.domain.mailbox import (
@@ -263,9 +264,15 @@ def decode_entry(tenant: str, member: bytes) -> MailboxEntry:
 
 
 class RedisMailboxStore(MailboxStore):
-    def __init__(self, calls: CommitCalls, settings: MailboxSettings) -> None:
+    def __init__(
+        self,
+        calls: CommitCalls,
+        settings: MailboxSettings,
+        replication: Replication | None = None,
+    ) -> None:
         self._calls = calls
         self._settings = settings.validate()
+        self._replication = replication
         self._key_cache: dict[Mailbox, MailboxKeys] = {}
 
     def _keys(self, mailbox: Mailbox) -> MailboxKeys:
@@ -303,7 +310,20 @@ class RedisMailboxStore(MailboxStore):
                     raise StoreCorrupt("redis gave an unexpected reply")
                 for index, one in zip(chunk, reply, strict=True):
                     outcomes[index] = _outcome(one)
+        await self._durable(by_shard)
         return [outcomes[index] for index in range(len(requests))]
+
+    async def _durable(self, shards: Iterable[int]) -> None:
+        """With ``MC_REDIS_WAIT_REPLICAS``, a barrier per shard written: an append is
+        answered (and the relay may acknowledge the outbox entry) only once the
+        replicas hold it, the commit's rule (StoreNotReplicated otherwise)."""
+        r = self._replication
+        if r is None or not r.replicas:
+            return
+        link, keys = self._calls.link, self._calls.keys
+        for shard in shards:
+            barrier = keys.shard(shard).barrier
+            r.check(await link.replication_barrier(barrier, r.replicas, r.wait_ms))
 
     def _call(
         self, requests: Sequence[AppendRequest], chunk: list[int], head: list[Any]

@@ -46,6 +46,7 @@ from backends.redis.commits import CommitCalls
 from backends.redis.keys import Release1Keys
 from backends.redis.lua import script
 from backends.redis.outbox import decode_entry
+from backends.redis.replication import Replication
 from service.domain.delivery import OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
@@ -298,21 +299,32 @@ def _fields(entry: Any) -> list[str]:
 class RedisOutboxPartitions(OutboxPartitions):
     """One partition per outbox stream (see the module docs)."""
 
-    def __init__(self, calls: CommitCalls, *, legacy: bool, retention_ms: int) -> None:
+    def __init__(
+        self,
+        calls: CommitCalls,
+        *,
+        legacy: bool,
+        retention_ms: int,
+        replication: Replication | None = None,
+    ) -> None:
         self._calls = calls
         self._link = calls.link
         self._retention_ms = retention_ms
+        self._replication = replication
         ks = calls.keys
         self._keys: dict[str, PartitionKeys] = {}
+        self._barriers: dict[str, str] = {}
         if legacy:  # release 1's one stream, outside every shard (standalone only)
             old = Release1Keys(ks.prefix).outbox
             first = ks.shard(0).identity
             self._keys[old] = PartitionKeys(first, old, f"{old}:rl", f"{old}:rr", f"{old}:dl")
+            self._barriers[old] = ks.shard(0).barrier
         for shard in ks.all_shards():
             base = f"{ks.prefix}:{{{shard.number}}}"
             self._keys[shard.outbox] = PartitionKeys(
                 shard.identity, shard.outbox, f"{base}:rl", f"{base}:rr", f"{base}:dl"
             )
+            self._barriers[shard.outbox] = shard.barrier
         self._relays = (ks.shard(0).identity, f"{ks.prefix}:{{0}}:relays")
         self._last: dict[str, str] = {}
         self.has_doorbell = not self._link.cluster
@@ -393,6 +405,11 @@ class RedisOutboxPartitions(OutboxPartitions):
                 json.dumps(_fields(d.entry)),
             ]
         await self._fenced(SETTLE, [k.identity, k.lease, k.stream, k.retry, k.dead], args)
+        r = self._replication
+        if r is not None and r.replicas and (settlement.sent or settlement.dead):
+            # the XACKs as durable as a commit (a retry mark lost only retries sooner)
+            barrier = self._barriers[lease.partition]
+            r.check(await self._link.replication_barrier(barrier, r.replicas, r.wait_ms))
 
     async def oldest_pending_ms(self, lease: Lease) -> int | None:
         k = self._k(lease.partition)

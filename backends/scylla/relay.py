@@ -9,10 +9,15 @@ nothing (LeaseLost).
 
 Positions are timeuuids made by the writers' clocks, so an entry may land a
 little after a younger one. The relay therefore delivers what it sees at
-once, sweeps the window after ``acked_ms`` again for late entries, and moves
-``acked_ms`` only to ``now - settle window`` at most (and never past an entry
-not settled): an entry older than the window has landed, so nothing is
-skipped. What a relay holds between its reads (sending, settled but not yet
+once and sweeps the window after ``acked_ms`` again for late entries about
+every second, on a busy partition too (the sweep comes first in a claim).
+``acked_ms`` moves only as far as a sweep proved: a sweep that began at
+``s`` saw every entry positioned at or before ``s - settle window`` (a
+writer's request lands within the request timeout, its clock is within the
+measured skew: the window covers both), so ``covered_ms`` is ``s - settle
+window``, or less where the sweep read only part of the window. Every
+acknowledgement is checked against it, and never passes an entry not
+settled: nothing is skipped. What a relay holds between its reads (sending, settled but not yet
 acknowledged) is in its memory only: a new holder starts from ``acked_ms``
 and reconciles everything after it (mailboxes dedupe).
 """
@@ -117,6 +122,8 @@ class _Held:
     settled: SettledWindow = field(default_factory=SettledWindow)
     high: uuid.UUID = MIN_UUID
     swept_ms: int = 0
+    covered_ms: int = 0
+    """Every entry positioned at or before it was read by a sweep (or a claim)."""
     reconciled: bool = False
 
 
@@ -227,25 +234,35 @@ class ScyllaOutboxPartitions(OutboxPartitions):
 
     async def claim(self, lease: Lease, limit: int) -> list[PartitionEntry]:
         held = self._mine(lease)
-        start = later(held.high, max_uuid_at(held.acked_ms))
-        rows = await self._reader.after(lease.partition, start, limit)
-        now = self._clock.now_ms()
-        if not rows and now - held.swept_ms >= SWEEP_EVERY_MS:  # late landers
-            held.swept_ms = now
-            window = await self._reader.window(
-                lease.partition, max_uuid_at(held.acked_ms), held.high, limit + len(held.settled)
-            )
-            rows = [
-                r
-                for r in window
-                if r["position"] not in held.settled and r["position"] not in held.sending
-            ][:limit]
+        rows: list[Row] = []
+        if self._clock.now_ms() - held.swept_ms >= SWEEP_EVERY_MS:  # late landers, busy or not
+            rows = await self._sweep(held, lease.partition, limit)
+        if len(rows) < limit:
+            start = later(held.high, max_uuid_at(held.acked_ms))
+            rows += await self._reader.after(lease.partition, start, limit - len(rows))
         for row in rows:
             held.sending[row["position"]] = self._entry(held, row)
             held.high = later(held.high, row["position"])
         if not rows:
             await self._fence(lease)
         return [held.sending[r["position"]] for r in rows]
+
+    async def _sweep(self, held: _Held, partition: str, limit: int) -> list[Row]:
+        """The window after ``acked_ms`` up to ``high`` again: the entries that landed
+        late (at most ``limit``, oldest first), and how far ``covered_ms`` may move."""
+        began = self._clock.now_ms()
+        held.swept_ms = began
+        cap = limit + len(held.settled) + len(held.sending)
+        window = await self._reader.window(partition, max_uuid_at(held.acked_ms), held.high, cap)
+        known = held.settled.members.union(held.sending)
+        fresh = [r for r in window if r["position"] not in known]
+        covered = min(began - self._settle_ms, time_ms(held.high))
+        if len(window) >= cap:  # the window goes on past what was read
+            covered = min(covered, time_ms(window[-1]["position"]) - 1)
+        if len(fresh) > limit:  # not taken yet: the acknowledgement must stay below
+            covered = min(covered, time_ms(fresh[limit]["position"]) - 1)
+        held.covered_ms = max(held.covered_ms, covered)
+        return fresh[:limit]
 
     async def _fence(self, lease: Lease) -> None:
         """A plain read of the token: LeaseLost once another relay took over (reads
@@ -304,7 +321,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
 
     def _ack_point(self, held: _Held, done: set[uuid.UUID]) -> int:
         """How far ``acked_ms`` may move once ``done`` is settled."""
-        bound = min(self._clock.now_ms() - self._settle_ms, time_ms(held.high) - 1)
+        bound = min(held.covered_ms, time_ms(held.high) - 1)
         if not held.reconciled:
             bound = min(bound, held.acked_ms)
         pending = [u for u in held.sending if u not in done]

@@ -23,6 +23,7 @@ import grpc
 from grpc import aio
 
 from service.api import errors
+from service.api.limits import RpcLimits, owner_of
 from service.domain.errors import InvalidRequest
 from service.metrics import ServiceMetrics
 
@@ -54,9 +55,12 @@ _KINDS: tuple[tuple[str, str, Callable[..., Handler]], ...] = (
 class StatusInterceptor(aio.ServerInterceptor):
     """Maps exceptions to statuses and records per-RPC metrics."""
 
-    def __init__(self, metrics: ServiceMetrics, max_request_bytes: int = 0) -> None:
+    def __init__(
+        self, metrics: ServiceMetrics, max_request_bytes: int = 0, limits: RpcLimits | None = None
+    ) -> None:
         self._metrics = metrics
         self._max_request_bytes = max_request_bytes
+        self.limits = limits or RpcLimits(max_unary=0)
         # method -> (the servicer's handler, our wrapped one): grpc hands back the
         # same registered handler for a method, so it is wrapped once, not per call.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
@@ -99,7 +103,11 @@ class StatusInterceptor(aio.ServerInterceptor):
         async def call(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
+            refused = self.limits.take_unary()
             try:
+                if refused is not None:
+                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    await context.abort(code, refused)
                 _check_decoded(request)
                 response = behavior(request, context)
                 if inspect.isawaitable(response):
@@ -114,6 +122,8 @@ class StatusInterceptor(aio.ServerInterceptor):
                 code = status.code
                 await _abort(context, status)
             finally:
+                if refused is None:
+                    self.limits.give_unary()
                 self._handled(rpc, code, start)
 
         return call
@@ -124,7 +134,12 @@ class StatusInterceptor(aio.ServerInterceptor):
         ) -> AsyncIterator[Any]:
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
+            owner = owner_of(request)
+            refused = self.limits.take_stream(owner)
             try:
+                if refused is not None:
+                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                    await context.abort(code, refused)
                 _check_decoded(request)
                 async for response in behavior(request, context):
                     yield response
@@ -137,6 +152,8 @@ class StatusInterceptor(aio.ServerInterceptor):
                 code = status.code
                 await _abort(context, status)
             finally:
+                if refused is None:
+                    self.limits.give_stream(owner)
                 self._handled(rpc, code, start)
 
         return stream

@@ -6,10 +6,13 @@ member of the conversation (an admission point lookup). CursorExpired goes
 to the interceptor as FAILED_PRECONDITION / CURSOR_EXPIRED with the lane,
 epoch and trim watermark in its ErrorInfo.
 
-Subscribe polls the lanes' heads every ``poll_interval`` (one backend read
-per stream per interval) and sends a hint when one changed, a heartbeat
-every ``heartbeat_seconds``; it ends when the client goes away or the
-server starts shutting down (``stopping``). Hints never carry entries.
+Subscribe reads its lanes' heads once, then is woken by the process's one
+``LaneWatch`` (which reads every watched lane every ``poll_interval``, in
+calls of 1,000 lanes, whatever the number of streams) when one changed; it
+sends a hint per changed lane, a heartbeat every ``heartbeat_seconds``, and
+looks for the user's big-conversation lanes again every minute; it ends when
+the client goes away or the server starts shutting down (``stopping``).
+Hints never carry entries.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from grpc import aio
 
 from service.api import convert
+from service.api.lane_watch import LaneWatch
 from service.domain import mailbox as lanes
 from service.domain.delivery import DeliveryPorts
 from service.domain.errors import (
@@ -134,8 +138,8 @@ class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
         self._delivery = delivery
         self._membership = membership
         self._clock = clock
-        self._poll_s = poll_interval_s
         self._stopping = stopping
+        self._watch = LaneWatch(delivery.mailbox, poll_interval_s, stopping)
 
     async def _authorise(self, tenant: str, user: str, lane: str) -> Mailbox:
         conversation = lanes.parse_lane(lane)
@@ -167,26 +171,38 @@ class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
         heartbeat_s = request.heartbeat_seconds or DEFAULT_HEARTBEAT_S
         sent: dict[Mailbox, LaneState] = {}
         mailboxes: list[Mailbox] = []
+        wake = asyncio.Event()
         refreshed = beat = float("-inf")
-        while not self._stopping.is_set():
-            now = time.monotonic()
-            if now - refreshed >= LANE_REFRESH_S:
-                mailboxes = [Mailbox.inbox(tenant, user), *await self._big_lanes(tenant, user)]
-                refreshed = now
-            with store_errors():
-                states = await self._delivery.mailbox.lane_state(mailboxes)
-            for mailbox, state in zip(mailboxes, states, strict=True):
-                if sent.get(mailbox) != state:
-                    sent[mailbox] = state
-                    hint = pb.MailboxHint(lane=mailbox.lane, epoch=state.epoch, seq=state.head)
-                    yield pb.SubscribeResponse(hint=hint)
-            if now - beat >= heartbeat_s:
-                beat = now
-                yield pb.SubscribeResponse(
-                    heartbeat=pb.Heartbeat(server_time_ms=self._clock.now_ms())
-                )
-            wait_s = min(self._poll_s, max(0.0, heartbeat_s - (time.monotonic() - beat)))
-            await wait_event(self._stopping, wait_s)
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                wake.clear()  # before reading: a change from now on wakes this stream again
+                if now - refreshed >= LANE_REFRESH_S:
+                    found = [Mailbox.inbox(tenant, user), *await self._big_lanes(tenant, user)]
+                    with store_errors():
+                        read = await self._delivery.mailbox.lane_state(found)
+                    self._watch.unwatch(mailboxes, wake)
+                    mailboxes = found
+                    self._watch.watch(mailboxes, read, wake)
+                    refreshed = now
+                    states: list[LaneState | None] = list(read)
+                else:
+                    states = [self._watch.state(m) for m in mailboxes]
+                for mailbox, state in zip(mailboxes, states, strict=True):
+                    if state is not None and sent.get(mailbox) != state:
+                        sent[mailbox] = state
+                        hint = pb.MailboxHint(lane=mailbox.lane, epoch=state.epoch, seq=state.head)
+                        yield pb.SubscribeResponse(hint=hint)
+                if now - beat >= heartbeat_s:
+                    beat = now
+                    yield pb.SubscribeResponse(
+                        heartbeat=pb.Heartbeat(server_time_ms=self._clock.now_ms())
+                    )
+                elapsed = time.monotonic()
+                wait_s = min(LANE_REFRESH_S - (elapsed - refreshed), heartbeat_s - (elapsed - beat))
+                await wait_event(wake, max(0.0, wait_s))
+        finally:
+            self._watch.unwatch(mailboxes, wake)
 
     async def _big_lanes(self, tenant: str, user: str) -> list[Mailbox]:
         """The lanes of the big conversations ``user`` is a member of now."""

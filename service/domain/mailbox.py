@@ -40,6 +40,15 @@ MAX_GROUP_ENTRIES = 1000
 """Most entries one append (one group) may hold; the relay's batch is smaller."""
 ENTRY_OVERHEAD_BYTES = 24
 """What an entry weighs on top of its record against a page's byte budget."""
+MAX_GROUP_BYTES = 256 << 10
+"""Most bytes one group may weigh (``split_group``), unless it is a single entry:
+well inside a Sync page (1 MiB by default) and the 4 MiB gRPC limit. One entry
+is bounded by the commit limits (a 64 KiB inline body, ids, 100 mentions: under
+80 KiB), so it always fits a group of its own."""
+MAX_PAGE_BYTES = 3 << 20
+"""Most bytes a page is filled to, whatever ``max_bytes`` asks: the byte estimate
+leaves out the protobuf framing (tens of bytes an entry, at most 1,000 entries a
+page), which must still fit the 4 MiB gRPC send limit."""
 
 DEFAULT_SYNC_LIMIT = 100
 MAX_SYNC_LIMIT = 1000
@@ -120,6 +129,10 @@ class MailboxItem:
     def message_id(self) -> str:
         return self.record.message_id
 
+    def size_bytes(self) -> int:
+        """What its entry will weigh (``MailboxEntry.size_bytes``)."""
+        return ENTRY_OVERHEAD_BYTES + self.record.size_bytes()
+
 
 @dataclass(frozen=True, slots=True)
 class MailboxEntry:
@@ -184,6 +197,26 @@ def check_cursor(lane: str, cursor: MailboxCursor, state: LaneState) -> int:
     return cursor.seq
 
 
+def split_group(items: Sequence[MailboxItem]) -> list[tuple[MailboxItem, ...]]:
+    """``items`` (for one mailbox, in order) cut at entry boundaries into groups of
+    at most ``MAX_GROUP_ENTRIES`` entries and ``MAX_GROUP_BYTES`` bytes; an item
+    bigger than that alone is a group of its own. The one rule for how big a
+    group may be: the relay appends each part as one group."""
+    parts: list[tuple[MailboxItem, ...]] = []
+    current: list[MailboxItem] = []
+    used = 0
+    for item in items:
+        size = item.size_bytes()
+        if current and (len(current) >= MAX_GROUP_ENTRIES or used + size > MAX_GROUP_BYTES):
+            parts.append(tuple(current))
+            current, used = [], 0
+        current.append(item)
+        used += size
+    if current:
+        parts.append(tuple(current))
+    return parts
+
+
 def groups(entries: Iterable[MailboxEntry]) -> list[list[MailboxEntry]]:
     """Consecutive entries with the same group id, in order."""
     result: list[list[MailboxEntry]] = []
@@ -200,10 +233,13 @@ def build_page(
 ) -> MailboxPage:
     """The page for ``cursor`` from what the backend read.
 
-    Whole groups only, while both the count and the byte budget allow; at
-    least one group when there is one, even if it alone is over either.
+    Whole groups only, while both the count and the byte budget (``max_bytes``,
+    at most ``MAX_PAGE_BYTES``) allow; at least one group when there is one, even
+    if it alone is over either (``split_group`` keeps a group within
+    ``MAX_GROUP_BYTES``, or one entry).
     """
     after = check_cursor(lane, cursor, read.state)
+    max_bytes = min(max_bytes, MAX_PAGE_BYTES)
     taken: list[MailboxEntry] = []
     used = 0
     for group in groups(e for e in read.entries if e.seq > after):

@@ -2,29 +2,36 @@
 
 ``step()`` does one durable step and says whether there was work:
 
-1. right after a lease with a new token (``R-RELAY-01``), and after a failed
-   batch, it reconciles: the oldest unsettled entries are read, each one's
-   target mailboxes are asked whether they hold its message; accepted
-   entries are confirmed, rejected ones written again, and when the check
-   fails (unknown) nothing is confirmed;
-2. otherwise it claims the next batch (``R-RELAY-02``), resolves each entry's
+1. right after a lease with a new token (``R-RELAY-01``), and after a batch
+   that failed in a way whose targets are unknown, it reconciles: the oldest
+   unsettled entries are read, each one's target mailboxes are asked whether
+   they hold its message; accepted entries are confirmed, rejected ones
+   written again, and when the check fails (unknown) nothing is confirmed;
+2. when a mailbox that failed is due again, its waiting entries are tried
+   again (``service.domain.relay_waiting``), reconciled first;
+3. otherwise it claims the next batch (``R-RELAY-02``), resolves each entry's
    recipients from its frozen delivery and its record from history, writes
-   one group per target mailbox (``R-RELAY-03`` half-way, ``R-RELAY-04``
-   after the last write) and only then settles the batch as sent
-   (``R-RELAY-06`` after that).
+   each target mailbox's groups (``R-RELAY-03`` half-way, ``R-RELAY-04``
+   after the last write) and only then settles the batch (``R-RELAY-06``
+   after that).
 
-A failed write (or an unknown outcome) settles the batch as retryable with a
-backoff (``R-RELAY-05``); an entry that can never be delivered (its
-conversation or membership version is gone, its record left history, its
-data is corrupt), or failed ``max_attempts`` times, is dead-lettered. A
-fenced write or a lost lease ends the work at once: another relay holds the
-partition now. Everything here is stdlib-only; the runner (``service.relay``)
-owns the timing, the leases and the tasks.
+Failures are charged per entry and per mailbox (``R-RELAY-05``): the entries
+addressed to a mailbox whose append failed get a retry mark with a backoff
+and wait for it, with any newer entry addressed to it (untried), while the
+rest of the partition goes on; a failed history or membership read or check
+charges its entries and pauses the partition until the first retry, and so
+does a record history does not show (yet: a lagging replica). An entry that
+can never be delivered (its conversation or membership version is gone,
+history holds another message at its seq, its data is corrupt), or failed
+``max_attempts`` times, is dead-lettered. A fenced write or a lost lease
+ends the work at once: another relay holds the partition now. Everything
+here is stdlib-only; the runner (``service.relay``) owns the timing, the
+leases and the tasks.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,9 +46,9 @@ from service.domain.errors import (
     StoreNotFound,
 )
 from service.domain.faults import FaultPoints, RelayPoint
-from service.domain.mailbox import Mailbox, MailboxItem
-from service.domain.model import MessageRecord, OutboxEntry
-from service.domain.ports import Clock, MembershipStore
+from service.domain.mailbox import Mailbox, MailboxItem, split_group
+from service.domain.model import MessageRecord
+from service.domain.ports import Clock
 from service.domain.relay import (
     DeadLetter,
     EntryState,
@@ -54,9 +61,8 @@ from service.domain.relay import (
     Verdict,
     verdict,
 )
-
-MAX_MEMBER_CALLS = 10_000
-TARGET_CACHE_SIZE = 10_000
+from service.domain.relay_waiting import Waiting
+from service.domain.targets import Targets
 
 
 class RelayObserver(Protocol):
@@ -106,54 +112,6 @@ class StepResult:
     wait_ms: int = 0
 
 
-class Targets:
-    """Who gets an entry: its frozen recipients' inboxes, or the conversation's own
-    lane when it has more members than the threshold (sticky once it has one)."""
-
-    def __init__(self, ports: DeliveryPorts, membership: MembershipStore, threshold: int) -> None:
-        self._ports = ports
-        self._membership = membership
-        self._threshold = threshold
-        self._cache: OrderedDict[tuple[str, str, int], tuple[Mailbox, ...]] = OrderedDict()
-
-    async def of(self, entry: OutboxEntry) -> tuple[Mailbox, ...]:
-        if entry.recipients is not None:  # release 1: recipients frozen inline
-            return await self._decide(entry.tenant, entry.conversation, list(entry.recipients))
-        key = (entry.tenant, entry.conversation, entry.membership_version)
-        found = self._cache.get(key)
-        if found is None:
-            members = await self._members(*key)
-            found = await self._decide(entry.tenant, entry.conversation, members)
-            self._cache[key] = found
-            if len(self._cache) > TARGET_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return found
-
-    async def _members(self, tenant: str, conversation: str, version: int) -> list[str]:
-        """The members at ``version``, or the first threshold + 1 of them."""
-        members: list[str] = []
-        after = ""
-        for _ in range(MAX_MEMBER_CALLS):
-            want = self._threshold + 1 - len(members)
-            page = await self._membership.members_at(tenant, conversation, version, after, want)
-            members += page.members
-            after = page.next_after
-            if not after or len(members) > self._threshold:
-                return members
-        raise StoreInvalid("the membership listing did not end")
-
-    async def _decide(
-        self, tenant: str, conversation: str, members: list[str]
-    ) -> tuple[Mailbox, ...]:
-        lane = Mailbox.conversation(tenant, conversation)
-        if len(set(members)) > self._threshold:
-            return (lane,)
-        (state,) = await self._ports.mailbox.lane_state([lane])
-        if state.head > 0 or state.epoch > 1:  # it was big once: it stays big
-            return (lane,)
-        return tuple(Mailbox.inbox(tenant, user) for user in sorted(set(members)))
-
-
 class PartitionWork:
     """The relay's state for one held partition; the runner calls ``step``."""
 
@@ -178,6 +136,7 @@ class PartitionWork:
         self._tracker = Tracker()
         self.reconciling = True  # a relay never knows what an earlier holder left
         self._not_before = 0
+        self._waiting = Waiting()
         if lease.taken_over:
             self._faults.check(RelayPoint.AFTER_TAKEOVER)
 
@@ -192,8 +151,10 @@ class PartitionWork:
         if now < self._not_before:
             return StepResult(False, self._not_before - now)
         partitions = self._ports.partitions
-        if self.reconciling:
-            held = await partitions.unsettled(self.lease, self._policy.batch)
+        batch = self._policy.batch
+        if self.reconciling:  # what this relay is not waiting for itself
+            held = await partitions.unsettled(self.lease, batch + len(self._waiting))
+            held = [h for h in held if h.position not in self._waiting][:batch]
             if not held:
                 self.reconciling = False
                 return StepResult(True)
@@ -204,9 +165,14 @@ class PartitionWork:
             self._tracker.move([h.position for h in held if h.attempts], EntryState.SENDING)
             await self._run(held, reconcile=True)
             return StepResult(True)
-        held = await partitions.claim(self.lease, self._policy.batch)
+        again = self._waiting.due(now, batch)
+        if again:  # a sick mailbox is due: its waiting entries, before anything newer
+            self._tracker.move([h.position for h in again], EntryState.SENDING)
+            await self._run(again, reconcile=True, hold=False)
+            return StepResult(True)
+        held = await partitions.claim(self.lease, batch)
         if not held:
-            return StepResult(False)
+            return StepResult(False, self._waiting.next_due_ms(now))
         self._tracker.move([h.position for h in held], EntryState.SENDING)
         self._faults.check(RelayPoint.AFTER_CLAIM)
         await self._run(held, reconcile=False)
@@ -214,117 +180,269 @@ class PartitionWork:
 
     # --- one batch -------------------------------------------------------------
 
-    async def _run(self, held: list[PartitionEntry], *, reconcile: bool) -> None:
+    async def _run(self, held: list[PartitionEntry], *, reconcile: bool, hold: bool = True) -> None:
+        """Deliver ``held``; a failure is charged to the entries it touched only: an
+        entry whose conversation, check or target mailbox failed is retried (or
+        dead-lettered after ``max_attempts``), the others of the batch are settled.
+        With ``hold``, entries addressed to a sick mailbox wait for it untried.
+
+        Entries whose mailboxes failed wait for them (``Waiting``) while the
+        partition goes on; any other failure (history, membership, a check)
+        pauses the partition until the first retry, as its targets are unknown."""
         try:
-            plans, dead = await self._prepare(held)
+            plans, dead, failed = await self._prepare(held)
             if reconcile:
-                plans = await self._reconcile(plans)
-            added, duplicates = await self._write(plans)
+                plans, blind = await self._reconcile(plans)
+                failed += blind
+            pause = bool(failed)
+            back: list[tuple[Plan, int]] = []
+            if hold:
+                keep = []
+                for plan in plans:
+                    due = self._waiting.sick_due(plan.mailboxes)
+                    if due is None:
+                        keep.append(plan)
+                    else:
+                        back.append((plan, due))
+                plans = keep
+            added, duplicates, broken = await self._write(plans)
         except (LeaseLost, StoreFenced):
             raise
         except StoreError as exc:  # unavailable, or an unknown outcome: never success
-            await self._fail(held, type(exc).__name__)
+            await self._finish(held, [], [(h, type(exc).__name__) for h in held], [], pause=True)
+            self._waiting.clear()  # the reconciliation after the pause takes them all
             return
-        gone = {d.entry.publication.position for d in dead}
-        sent = tuple(h.position for h in held if h.position not in gone)
-        await self._settle(Settlement(sent=sent, dead=tuple(dead)))
-        now = self._clock.now_ms()
-        ages = [now - p.held.entry.published_ms for p in plans if p.held.entry.published_ms]
-        self._observer.on_delivered(len(sent), added, duplicates, ages)
-        if dead:
-            self._observer.on_dead_lettered(len(dead))
-
-    async def _prepare(self, held: list[PartitionEntry]) -> tuple[list[Plan], list[DeadLetter]]:
-        """Each entry's record and target mailboxes; the undeliverable ones as dead letters."""
-        by_conversation: defaultdict[tuple[str, str], list[PartitionEntry]] = defaultdict(list)
-        for h in held:
-            by_conversation[(h.entry.tenant, h.entry.conversation)].append(h)
-        plans: list[Plan] = []
-        dead: list[DeadLetter] = []
-        for (tenant, conversation), entries in by_conversation.items():
-            records = await self._ports.records.records(
-                tenant, conversation, sorted({h.entry.seq for h in entries})
-            )
-            for h in entries:
-                try:
-                    plans.append(await self._plan(h, records.get(h.entry.seq)))
-                except (Undeliverable, StoreNotFound, StoreInvalid, StoreCorrupt) as exc:
-                    problem = str(exc) if isinstance(exc, Undeliverable) else type(exc).__name__
-                    dead.append(DeadLetter(h.entry, problem, h.attempts + 1))
-        return plans, dead
-
-    async def _plan(self, held: PartitionEntry, record: MessageRecord | None) -> Plan:
-        entry = held.entry
-        if record is None:
-            raise Undeliverable("the record is no longer in history")
-        if record.message_id != entry.message_id:
-            raise Undeliverable("history holds another message at this seq")
-        return Plan(held, record, await self._targets.of(entry))
-
-    async def _reconcile(self, plans: list[Plan]) -> list[Plan]:
-        """Which unsettled entries' writes all happened (confirmed) and which not
-        (returned: to write again). A failed check raises: unknown, never success."""
-        wanted: defaultdict[Mailbox, list[str]] = defaultdict(list)
+        charged: list[Plan] = []
         for plan in plans:
-            for mailbox in plan.mailboxes:
-                wanted[mailbox].append(plan.record.message_id)
-        queries = [(m, tuple(ids)) for m, ids in wanted.items()]
-        try:
-            found = await self._ports.mailbox.contains(queries)
-        except StoreError:
-            self._observer.on_reconciled(Verdict.UNKNOWN, len(plans))
-            raise
-        holding: defaultdict[str, set[Mailbox]] = defaultdict(set)
-        for (mailbox, _), present in zip(queries, found, strict=True):
-            for message_id in present:
-                holding[message_id].add(mailbox)
-        rejected = []
-        for plan in plans:
-            result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
-            self._observer.on_reconciled(result, 1)
-            if result is Verdict.REJECTED:
-                rejected.append(plan)
-        return rejected
-
-    async def _write(self, plans: Sequence[Plan]) -> tuple[int, int]:
-        """One group per target mailbox, a conversation's messages in seq order."""
-        items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
-        for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
-            for mailbox in plan.mailboxes:
-                items[mailbox].append(MailboxItem(plan.record))
-        requests = [AppendRequest(m, tuple(i)) for m, i in items.items()]
-        half = len(requests) // 2
-        outcomes = await self._append(requests[:half])
-        self._faults.check(RelayPoint.MID_FANOUT)
-        outcomes += await self._append(requests[half:])
-        self._faults.check(RelayPoint.AFTER_FANOUT)
-        return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes)
-
-    async def _append(self, requests: list[AppendRequest]) -> list[AppendOutcome]:
-        if not requests:
-            return []
-        outcomes = await self._ports.mailbox.append(requests, self.lease.fence)
-        if any(o.fenced for o in outcomes):
-            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
-        return outcomes
-
-    async def _fail(self, held: list[PartitionEntry], problem: str) -> None:
+            problem = next((broken[m] for m in plan.mailboxes if m in broken), None)
+            if problem is not None:
+                failed.append((plan.held, problem))
+                charged.append(plan)
+        waits = [(p.held, due) for p, due in back]
+        marks = await self._finish(held, dead, failed, waits, pause=pause)
+        if pause:
+            self._waiting.clear()  # the reconciliation after the pause takes them all
+        else:
+            for plan in charged:
+                mark = marks.get(plan.held.position)
+                if mark is not None:  # else dead-lettered
+                    again = PartitionEntry(plan.held.entry, mark.attempts)
+                    sick = [m for m in plan.mailboxes if m in broken]
+                    self._waiting.add(again, plan.mailboxes, mark.due_ms, sick)
+            for plan, due in back:
+                self._waiting.add(plan.held, plan.mailboxes, due)
+        had = len(self._waiting)
+        self._waiting.forget(h.position for h in held if h.position not in marks)
+        if had and not self._waiting:  # the outage is over: look at what is unsettled once
+            self.reconciling = True
         now = self._clock.now_ms()
-        marks, dead = [], []
-        for h in held:
+        waiting = {h.position for h, _ in failed} | {h.position for h, _ in waits}
+        delivered = [p for p in plans if p.held.position not in waiting]
+        ages = [now - p.held.entry.published_ms for p in delivered if p.held.entry.published_ms]
+        sent = len(held) - len(dead) - len(waiting)
+        self._observer.on_delivered(sent, added, duplicates, ages)
+
+    async def _finish(
+        self,
+        held: list[PartitionEntry],
+        dead: list[DeadLetter],
+        failed: list[tuple[PartitionEntry, str]],
+        waits: list[tuple[PartitionEntry, int]],
+        *,
+        pause: bool,
+    ) -> dict[str, RetryMark]:
+        """One settle: the failed entries charged an attempt, the waiting ones marked
+        (not charged), the dead ones lettered, every other entry of ``held`` sent.
+        Returns the retry marks by position; ``pause`` stops the partition until
+        the first of them is due."""
+        now = self._clock.now_ms()
+        dead = list(dead)
+        marks: list[RetryMark] = []
+        for h, problem in failed:
             attempts = h.attempts + 1
             if attempts >= self._policy.max_attempts:
                 dead.append(DeadLetter(h.entry, f"failed {attempts} times: {problem}", attempts))
             else:
                 due = now + self._policy.retry_delay_ms(attempts)
                 marks.append(RetryMark(h.position, attempts, due, problem))
-        await self._settle(Settlement(retry=tuple(marks), dead=tuple(dead)))
-        self._observer.on_retried(len(marks))
+        charged = len(marks)
+        marks += [
+            RetryMark(h.position, h.attempts, due, "waiting for a mailbox") for h, due in waits
+        ]
+        gone = {d.entry.publication.position for d in dead} | {m.position for m in marks}
+        sent = tuple(h.position for h in held if h.position not in gone)
+        await self._settle(Settlement(sent=sent, retry=tuple(marks), dead=tuple(dead)))
+        if charged:
+            self._observer.on_retried(charged)
         if dead:
             self._observer.on_dead_lettered(len(dead))
-        self._faults.check(RelayPoint.AFTER_RETRY_MARK)
-        self.reconciling = True
-        self._not_before = min((m.due_ms for m in marks), default=now)
+        if failed or waits:
+            self._faults.check(RelayPoint.AFTER_RETRY_MARK)
+        if pause and failed:
+            self.reconciling = True
+            self._not_before = min((m.due_ms for m in marks), default=now)
+        return {m.position: m for m in marks}
+
+    async def _prepare(
+        self, held: list[PartitionEntry]
+    ) -> tuple[list[Plan], list[DeadLetter], list[tuple[PartitionEntry, str]]]:
+        """Each entry's record and target mailboxes; the undeliverable ones as dead
+        letters; those whose history or membership read failed, with the error."""
+        by_conversation: defaultdict[tuple[str, str], list[PartitionEntry]] = defaultdict(list)
+        for h in held:
+            by_conversation[(h.entry.tenant, h.entry.conversation)].append(h)
+        plans: list[Plan] = []
+        dead: list[DeadLetter] = []
+        failed: list[tuple[PartitionEntry, str]] = []
+        for (tenant, conversation), entries in by_conversation.items():
+            try:
+                records = await self._ports.records.records(
+                    tenant, conversation, sorted({h.entry.seq for h in entries})
+                )
+            except (LeaseLost, StoreFenced):
+                raise
+            except StoreError as exc:
+                failed += [(h, type(exc).__name__) for h in entries]
+                continue
+            for h in entries:
+                record = records.get(h.entry.seq)
+                if record is None:  # a replica not caught up yet, or trimmed: retried
+                    failed.append((h, "the record is not in history (yet)"))
+                    continue
+                try:
+                    plans.append(await self._plan(h, record))
+                except (Undeliverable, StoreNotFound, StoreInvalid, StoreCorrupt) as exc:
+                    problem = str(exc) if isinstance(exc, Undeliverable) else type(exc).__name__
+                    dead.append(DeadLetter(h.entry, problem, h.attempts + 1))
+                except (LeaseLost, StoreFenced):
+                    raise
+                except StoreError as exc:
+                    failed.append((h, type(exc).__name__))
+        return plans, dead, failed
+
+    async def _plan(self, held: PartitionEntry, record: MessageRecord) -> Plan:
+        entry = held.entry
+        if record.message_id != entry.message_id:
+            raise Undeliverable("history holds another message at this seq")
+        return Plan(held, record, await self._targets.of(entry))
+
+    async def _reconcile(
+        self, plans: list[Plan]
+    ) -> tuple[list[Plan], list[tuple[PartitionEntry, str]]]:
+        """Which unsettled entries' writes all happened (confirmed) and which not
+        (returned: to write again); those whose check failed for one of their
+        mailboxes, with the error (unknown, never success)."""
+        wanted: defaultdict[Mailbox, list[str]] = defaultdict(list)
+        for plan in plans:
+            for mailbox in plan.mailboxes:
+                wanted[mailbox].append(plan.record.message_id)
+        queries = [(m, tuple(ids)) for m, ids in wanted.items()]
+        found, blind = await self._contains(queries)
+        holding: defaultdict[str, set[Mailbox]] = defaultdict(set)
+        for (mailbox, _), present in zip(queries, found, strict=True):
+            for message_id in present:
+                holding[message_id].add(mailbox)
+        rejected: list[Plan] = []
+        unknown: list[tuple[PartitionEntry, str]] = []
+        for plan in plans:
+            problem = next((blind[m] for m in plan.mailboxes if m in blind), None)
+            if problem is not None:
+                self._observer.on_reconciled(Verdict.UNKNOWN, 1)
+                unknown.append((plan.held, problem))
+                continue
+            result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
+            self._observer.on_reconciled(result, 1)
+            if result is Verdict.REJECTED:
+                rejected.append(plan)
+        return rejected, unknown
+
+    async def _contains(
+        self, queries: list[tuple[Mailbox, tuple[str, ...]]]
+    ) -> tuple[list[frozenset[str]], dict[Mailbox, str]]:
+        """What each mailbox holds; when the call fails, each mailbox is asked alone
+        so that only the failing ones are unknown (with the error)."""
+        try:
+            return await self._ports.mailbox.contains(queries), {}
+        except StoreError as exc:
+            if len(queries) <= 1:
+                return [frozenset() for _ in queries], {m: type(exc).__name__ for m, _ in queries}
+        found: list[frozenset[str]] = []
+        blind: dict[Mailbox, str] = {}
+        for query in queries:
+            try:
+                found += await self._ports.mailbox.contains([query])
+            except StoreError as exc:
+                found.append(frozenset())
+                blind[query[0]] = type(exc).__name__
+        return found, blind
+
+    async def _write(self, plans: Sequence[Plan]) -> tuple[int, int, dict[Mailbox, str]]:
+        """Each target mailbox's items, a conversation's messages in seq order, as
+        groups of bounded size (``split_group``): round k holds every mailbox's
+        k-th group, so a mailbox's groups are appended in order. Returns what was
+        added, the duplicates, and the mailboxes whose append failed (with the
+        error: nothing after a failed group is written to that mailbox)."""
+        items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
+        for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
+            for mailbox in plan.mailboxes:
+                items[mailbox].append(MailboxItem(plan.record))
+        parts = {m: split_group(i) for m, i in items.items()}
+        rounds = max((len(p) for p in parts.values()), default=0)
+        requests = [
+            AppendRequest(m, p[k]) for k in range(rounds) for m, p in parts.items() if k < len(p)
+        ]
+        half = len(requests) // 2
+        broken: dict[Mailbox, str] = {}
+        outcomes = await self._append(requests[:half], broken)
+        self._faults.check(RelayPoint.MID_FANOUT)
+        outcomes += await self._append(requests[half:], broken)
+        self._faults.check(RelayPoint.AFTER_FANOUT)
+        return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes), broken
+
+    async def _append(
+        self, requests: list[AppendRequest], broken: dict[Mailbox, str]
+    ) -> list[AppendOutcome]:
+        """The requests in order, one call per run in which no mailbox repeats (a
+        backend writes the requests of one call independently, maybe at once). A
+        failed call is made again one mailbox at a time, so that only the failing
+        mailboxes go into ``broken``; their later requests are left out."""
+        outcomes: list[AppendOutcome] = []
+        start = 0
+        while start < len(requests):
+            run: list[AppendRequest] = []
+            seen: set[Mailbox] = set()
+            while start < len(requests) and requests[start].mailbox not in seen:
+                seen.add(requests[start].mailbox)
+                if requests[start].mailbox not in broken:
+                    run.append(requests[start])
+                start += 1
+            outcomes += await self._append_run(run, broken)
+        return outcomes
+
+    async def _append_run(
+        self, run: list[AppendRequest], broken: dict[Mailbox, str]
+    ) -> list[AppendOutcome]:
+        if not run:
+            return []
+        try:
+            done = await self._ports.mailbox.append(run, self.lease.fence)
+        except (LeaseLost, StoreFenced):
+            raise
+        except StoreError as exc:
+            if len(run) == 1:
+                broken[run[0].mailbox] = type(exc).__name__
+                return []
+            done = []
+            for request in run:
+                try:
+                    done += await self._ports.mailbox.append([request], self.lease.fence)
+                except (LeaseLost, StoreFenced):
+                    raise
+                except StoreError as alone:
+                    broken[request.mailbox] = type(alone).__name__
+        if any(o.fenced for o in done):
+            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
+        return done
 
     async def _settle(self, settlement: Settlement) -> None:
         if settlement.empty:

@@ -4,16 +4,24 @@ read mailboxes back, make a mailbox fail on demand, record what the relay saw.""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts, MailboxStore
-from service.domain.errors import StoreUnavailable
+from service.domain.delivery import (
+    AppendOutcome,
+    AppendRequest,
+    DeliveryPorts,
+    HistoryRecords,
+    MailboxStore,
+)
+from service.domain.errors import StoreInvalid, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
-from service.domain.ports import Backend, ManualClock
+from service.domain.model import Admission, MembershipInfo, MembersSlice, MessageRecord
+from service.domain.ports import Backend, ManualClock, MembershipStore
 from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 
 POLICY = RelayPolicy(batch=50, lease_ms=10_000, fanout_threshold=1000, max_attempts=4)
 MAX_STEPS = 500
@@ -59,10 +67,11 @@ async def drain(
     faults: FaultPoints | None = None,
     seen: Seen | None = None,
     delivery: DeliveryPorts | None = None,
+    membership: MembershipStore | None = None,
 ) -> dict[str, Lease]:
     """One relay takes every partition and works each until it is idle."""
     d = delivery or ports(backend)
-    targets = Targets(d, backend.membership, policy.fanout_threshold)
+    targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
     leases = {}
     for partition in d.partitions.partitions():
         lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
@@ -98,14 +107,24 @@ async def inbox(backend: Backend, mailbox: Mailbox) -> list[tuple[str, int]]:
 
 class FlakyMailbox(MailboxStore):
     """A real mailbox store whose appends fail (StoreUnavailable, nothing written)
-    the next ``fail_appends`` times, and whose checks fail ``fail_checks`` times."""
+    the next ``fail_appends`` calls, and whose checks fail ``fail_checks`` calls;
+    a call touching a mailbox in ``down`` always fails (that mailbox's outage)."""
 
-    def __init__(self, inner: MailboxStore, fail_appends: int = 0, fail_checks: int = 0) -> None:
+    def __init__(
+        self,
+        inner: MailboxStore,
+        fail_appends: int = 0,
+        fail_checks: int = 0,
+        down: frozenset[Mailbox] = frozenset(),
+    ) -> None:
         self.inner = inner
         self.fail_appends = fail_appends
         self.fail_checks = fail_checks
+        self.down = down
 
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
+        if any(r.mailbox in self.down for r in requests):
+            raise StoreUnavailable("injected: a mailbox is down")
         if self.fail_appends > 0:
             self.fail_appends -= 1
             raise StoreUnavailable("injected: the mailbox store did not answer")
@@ -120,6 +139,8 @@ class FlakyMailbox(MailboxStore):
     async def contains(
         self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
     ) -> list[frozenset[str]]:
+        if any(m in self.down for m, _ in queries):
+            raise StoreUnavailable("injected: a mailbox is down")
         if self.fail_checks > 0:
             self.fail_checks -= 1
             raise StoreUnavailable("injected: the mailbox store did not answer")
@@ -134,3 +155,59 @@ class FlakyMailbox(MailboxStore):
 
 def with_mailbox(backend: Backend, mailbox: MailboxStore) -> DeliveryPorts:
     return replace(ports(backend), mailbox=mailbox)
+
+
+class CountingMembership(MembershipStore):
+    """A real membership store that counts the relay's listing calls per conversation;
+    listings of a conversation in ``refuse`` fail for good (StoreInvalid)."""
+
+    def __init__(self, inner: MembershipStore, refuse: frozenset[str] = frozenset()) -> None:
+        self.inner = inner
+        self.refuse = refuse
+        self.listings: Counter[str] = Counter()
+
+    async def create_conversation(
+        self, tenant: str, conversation: str, members: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.create_conversation(tenant, conversation, members)
+
+    async def add_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.add_members(tenant, conversation, users)
+
+    async def remove_members(
+        self, tenant: str, conversation: str, users: Iterable[str]
+    ) -> MembershipInfo:
+        return await self.inner.remove_members(tenant, conversation, users)
+
+    async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
+        return await self.inner.admission(tenant, conversation, user)
+
+    async def members_at(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice:
+        self.listings[conversation] += 1
+        if conversation in self.refuse:
+            raise StoreInvalid("injected: this membership version is gone")
+        return await self.inner.members_at(tenant, conversation, version, after, limit)
+
+    async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
+        return await self.inner.membership_info(tenant, conversation)
+
+
+class LaggingRecords(HistoryRecords):
+    """The real history records, except that the first ``hide`` reads miss every
+    record (a replica that has not caught up yet)."""
+
+    def __init__(self, inner: HistoryRecords, hide: int) -> None:
+        self.inner = inner
+        self.hide = hide
+
+    async def records(
+        self, tenant: str, conversation: str, seqs: Sequence[int]
+    ) -> dict[int, MessageRecord]:
+        if self.hide > 0:
+            self.hide -= 1
+            return {}
+        return await self.inner.records(tenant, conversation, seqs)

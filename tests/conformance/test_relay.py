@@ -7,22 +7,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
+from backends.memory.outbox_log import partition_of
 from service.domain.errors import IllegalTransition, LeaseLost
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, RelayPoint
 from service.domain.mailbox import Mailbox
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
 from service.domain.ports import Backend, ManualClock
-from service.domain.relay import RelayPolicy, Settlement, Verdict
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay import DeadLetter, RelayPolicy, Settlement, Verdict
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
 from tests.conformance.harness import Harness
 from tests.conformance.relay_support import (
     POLICY,
+    CountingMembership,
     FlakyMailbox,
+    LaggingRecords,
     Seen,
     drain,
     inbox,
@@ -213,7 +218,8 @@ async def test_a_crash_at_any_relay_point_converges_exactly_once(
     faults.arm(point)
     delivery = None
     if point is RelayPoint.AFTER_RETRY_MARK:  # reached only after a failed write
-        delivery = with_mailbox(backend, FlakyMailbox(ports(backend).mailbox, fail_appends=1))
+        dave = frozenset({box(tenant, "dave")})  # dave's inbox is down: c2's entries fail
+        delivery = with_mailbox(backend, FlakyMailbox(ports(backend).mailbox, down=dave))
     with pytest.raises(InjectedCrash):
         await drain(backend, "relay-a", clock, faults=faults, delivery=delivery)
     assert faults.fired[point] == 1
@@ -241,7 +247,8 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     c = committer(backend, clock)
     await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
     await c.commit_send(send(tenant, "c1", cmid="m0"))
-    flaky = FlakyMailbox(ports(backend).mailbox, fail_appends=2)
+    # two attempts fail, each for both mailboxes (one call each: the halves of the fan-out)
+    flaky = FlakyMailbox(ports(backend).mailbox, fail_appends=4)
     seen = Seen()
     await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, flaky))
     assert seen.retried == 2 and seen.dead == 0  # two retry marks, then delivered
@@ -277,6 +284,167 @@ async def test_failed_writes_are_retried_with_backoff_then_dead_lettered(
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 1), ("c1", 2)]
 
 
+async def test_one_mailboxs_outage_charges_only_the_entries_addressed_to_it(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    await m.create_conversation(tenant, "c1", ["carol", "erin"])
+    for n in range(2):
+        await c.commit_send(send(tenant, "c1", sender="carol", cmid=f"before-{n}"))
+    await m.add_members(tenant, "c1", ["dave"])
+    for n in range(2):
+        await c.commit_send(send(tenant, "c1", sender="carol", cmid=f"after-{n}"))
+    dave = box(tenant, "dave")
+    down = FlakyMailbox(ports(backend).mailbox, down=frozenset({dave}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, down))
+    every = [("c1", s) for s in range(1, 5)]
+    for user in ("carol", "erin"):  # never held back by dave's inbox
+        assert await inbox(backend, box(tenant, user)) == every, user
+    assert await inbox(backend, dave) == []
+    # only the two entries addressed to dave were charged, each max_attempts times
+    assert (seen.retried, seen.dead) == (2 * (POLICY.max_attempts - 1), 2)
+    parts = ports(backend).partitions
+    letters: dict[str, tuple[str, DeadLetter]] = {}
+    for partition in parts.partitions():
+        found, _ = await parts.dead_letters(partition, "", 100)
+        letters |= {d.letter: (partition, d) for d in found if d.entry.tenant == tenant}
+    assert sorted(d.entry.seq for _, d in letters.values()) == [3, 4]
+    for partition, letter in letters.values():  # the outage is over: requeued, delivered
+        assert await parts.requeue(partition, [letter.letter]) == 1
+    await drain(backend, "relay-a", clock)
+    assert await inbox(backend, dave) == every[2:]
+    assert await inbox(backend, box(tenant, "carol")) == every  # deduped
+
+
+@pytest.mark.memory
+async def test_another_tenants_entries_in_the_batch_are_neither_charged_nor_dead_lettered(
+    memory_harness: Harness,
+) -> None:
+    backend, clock, _ = await _setup(memory_harness)
+    c = committer(backend, clock)
+    ta, tb = unique("ta"), unique("tb")
+    home = partition_of(ta, "c1")
+    other = next(f"k{n}" for n in range(1000) if partition_of(tb, f"k{n}") == home)
+    await backend.membership.create_conversation(ta, "c1", ["alice", "bob"])
+    await backend.membership.create_conversation(tb, other, ["carol", "dave"])
+    for n in range(3):  # one partition, one batch: ta's and tb's entries interleaved
+        await c.commit_send(send(ta, "c1", cmid=f"a{n}"))
+        await c.commit_send(send(tb, other, sender="carol", cmid=f"b{n}"))
+    down = FlakyMailbox(ports(backend).mailbox, down=frozenset({box(ta, "bob")}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=with_mailbox(backend, down))
+    for user in ("carol", "dave"):
+        assert await inbox(backend, box(tb, user)) == [(other, s) for s in (1, 2, 3)]
+    letters, _ = await ports(backend).partitions.dead_letters(home, "", 100)
+    assert {d.entry.tenant for d in letters} == {ta} and len(letters) == 3
+    assert (seen.retried, seen.dead) == (3 * (POLICY.max_attempts - 1), 3)
+
+
+async def test_a_conversation_that_shrank_is_listed_in_a_few_calls_once_per_version(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    policy = RelayPolicy(fanout_threshold=3, lease_ms=10_000)
+    await m.create_conversation(tenant, "shrunk", ["alice", "bob"])
+    for page in range(8):  # 8,000 users came and went; never more than 1,002 at once
+        users = [f"g{page}-{n:04d}" for n in range(1000)]
+        await m.add_members(tenant, "shrunk", users)
+        await m.remove_members(tenant, "shrunk", users)
+    for n in range(3):
+        await c.commit_send(send(tenant, "shrunk", cmid=f"s{n}"))
+    counting = CountingMembership(m)
+    await drain(backend, "relay-a", clock, policy=policy, membership=counting)
+    for user in ("alice", "bob"):
+        assert await inbox(backend, box(tenant, user)) == [("shrunk", s) for s in (1, 2, 3)]
+    # one listing for the three entries (one version), each call reading thousands of users
+    assert counting.listings["shrunk"] <= 4, counting.listings
+
+
+async def test_a_big_conversation_that_shrank_keeps_its_lane_without_a_listing(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    m = backend.membership
+    policy = RelayPolicy(fanout_threshold=3, lease_ms=10_000)
+    await m.create_conversation(tenant, "big", ["u1", "u2", "u3", "u4", "u5"])
+    await c.commit_send(send(tenant, "big", sender="u1", cmid="b0"))
+    await drain(backend, "relay-a", clock, policy=policy)
+    await m.remove_members(tenant, "big", ["u3", "u4", "u5"])
+    for n in range(1, 4):
+        await c.commit_send(send(tenant, "big", sender="u1", cmid=f"b{n}"))
+    counting = CountingMembership(m)
+    await drain(backend, "relay-a", clock, policy=policy, membership=counting)
+    lane = Mailbox.conversation(tenant, "big")
+    assert await inbox(backend, lane) == [("big", s) for s in (1, 2, 3, 4)]
+    assert counting.listings["big"] == 0  # the lane exists: no member is listed
+
+
+async def test_a_membership_that_cannot_be_listed_is_walked_once_not_per_entry(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    for n in range(3):
+        await c.commit_send(send(tenant, "c1", cmid=f"m{n}"))
+    counting = CountingMembership(backend.membership, refuse=frozenset({"c1"}))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, membership=counting)
+    assert seen.dead == 3 and seen.retried == 0
+    assert counting.listings["c1"] == 1
+
+
+@pytest.mark.memory
+async def test_one_mailboxs_outage_does_not_hold_back_the_rest_of_its_partition(
+    memory_harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(memory_harness)
+    c = committer(backend, clock)
+    home = partition_of(tenant, "down")
+    other = next(f"k{n}" for n in range(1000) if partition_of(tenant, f"k{n}") == home)
+    await backend.membership.create_conversation(tenant, "down", ["alice", "dave"])
+    await backend.membership.create_conversation(tenant, other, ["carol", "erin"])
+    await c.commit_send(send(tenant, "down", cmid="d0"))
+    for n in range(6):
+        await c.commit_send(send(tenant, other, sender="carol", cmid=f"k{n}"))
+    await c.commit_send(send(tenant, "down", cmid="d1"))  # waits behind d0 for dave: in order
+    policy = RelayPolicy(batch=2, lease_ms=60_000, fanout_threshold=1000, max_attempts=4)
+    flaky = FlakyMailbox(ports(backend).mailbox, down=frozenset({box(tenant, "dave")}))
+    d = with_mailbox(backend, flaky)
+    lease = await d.partitions.acquire(home, "relay-a", policy.lease_ms)
+    assert lease is not None
+    seen = Seen()
+    work = PartitionWork(
+        lease, d, Targets(d, backend.membership, 1000), policy=policy, clock=clock, observer=seen
+    )
+    for _ in range(50):  # the clock stands still: no backoff passes
+        result = await work.step()
+        if not result.worked and not work.reconciling:
+            break
+    assert result.wait_ms > 0  # only dave's entries wait
+    for user in ("carol", "erin"):
+        assert await inbox(backend, box(tenant, user)) == [(other, s) for s in range(1, 7)]
+    assert await inbox(backend, box(tenant, "alice")) == [("down", 1)]
+    assert await inbox(backend, box(tenant, "dave")) == []
+    assert seen.retried == 1 and seen.dead == 0  # d0 was tried; d1 waits untried
+    flaky.down = frozenset()  # dave's mailbox is back
+    for _ in range(50):
+        result = await work.step()
+        if result.wait_ms:
+            clock.advance(result.wait_ms)
+        elif not result.worked and not work.reconciling:
+            break
+    assert await inbox(backend, box(tenant, "dave")) == [("down", 1), ("down", 2)]
+    assert await inbox(backend, box(tenant, "alice")) == [("down", 1), ("down", 2)]
+    assert await ports(backend).partitions.oldest_pending_ms(work.lease) is None
+
+
 async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Harness) -> None:
     backend, clock, tenant = await _setup(harness)
     c = committer(backend, clock)
@@ -287,7 +455,7 @@ async def test_an_unknown_reconciliation_is_never_taken_for_success(harness: Har
     with pytest.raises(InjectedCrash):
         await drain(backend, "relay-a", clock, faults=faults)
     clock.advance(POLICY.lease_ms + 1)
-    blind = FlakyMailbox(ports(backend).mailbox, fail_checks=1)
+    blind = FlakyMailbox(ports(backend).mailbox, fail_checks=3)  # both, then each alone
     seen = Seen()
     await drain(backend, "relay-b", clock, seen=seen, delivery=with_mailbox(backend, blind))
     assert seen.verdicts[Verdict.UNKNOWN] == 1 and seen.retried == 1
@@ -306,6 +474,20 @@ async def test_an_undeliverable_entry_is_dead_lettered_at_once(harness: Harness)
     await drain(backend, "relay-a", clock, seen=seen)
     assert seen.dead == 1 and seen.retried == 0
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 2)]
+
+
+async def test_a_record_history_does_not_show_yet_is_retried_not_dead_lettered(
+    harness: Harness,
+) -> None:
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    await c.commit_send(send(tenant, "c1", cmid="m0"))
+    lagging = replace(ports(backend), records=LaggingRecords(ports(backend).records, hide=2))
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen, delivery=lagging)
+    assert (seen.dead, seen.retried) == (0, 2)  # missed twice, then read and delivered
+    assert await inbox(backend, box(tenant, "bob")) == [("c1", 1)]
 
 
 async def test_settling_an_entry_that_is_not_sending_is_an_illegal_transition(

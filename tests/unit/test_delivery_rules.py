@@ -9,6 +9,9 @@ import pytest
 
 from service.domain.errors import CursorExpired, IllegalTransition, InvalidRequest
 from service.domain.mailbox import (
+    MAX_GROUP_BYTES,
+    MAX_GROUP_ENTRIES,
+    MAX_PAGE_BYTES,
     LaneRead,
     LaneState,
     Mailbox,
@@ -19,19 +22,22 @@ from service.domain.mailbox import (
     check_cursor,
     new_items,
     parse_lane,
+    split_group,
     sync_limits,
     trim_cut,
 )
-from service.domain.model import MessageRecord
+from service.domain.model import MessageRecord, OutboxEntry, OutboxPublication
 from service.domain.relay import (
     TRANSITIONS,
     EntryState,
+    PartitionEntry,
     RelayPolicy,
     Tracker,
     Verdict,
     transition,
     verdict,
 )
+from service.domain.relay_waiting import Waiting
 from tests.support import text
 
 S = EntryState
@@ -177,3 +183,45 @@ def test_trims_cut_whole_groups_by_age_and_by_count() -> None:
 def test_new_items_drop_what_the_lane_holds_and_repeats() -> None:
     items = [MailboxItem(entry(n, 1).record) for n in (1, 2, 2, 3)]
     assert [i.message_id for i in new_items(items, {"m3"})] == ["m1", "m2"]
+
+
+def test_groups_are_cut_at_entry_boundaries_within_the_byte_and_count_budgets() -> None:
+    big = [MailboxItem(entry(n, 1, "x" * 60_000).record) for n in range(1, 71)]
+    parts = split_group(big)
+    assert [i for part in parts for i in part] == big  # every item once, in order
+    assert all(sum(i.size_bytes() for i in part) <= MAX_GROUP_BYTES for part in parts)
+    assert len(parts) == 18  # four 60 KB entries a group (the fifth would pass 256 KiB)
+    huge = MailboxItem(entry(1, 1, "x" * (MAX_GROUP_BYTES + 1)).record)
+    assert split_group([huge, big[0]]) == [(huge,), (big[0],)]  # alone, never dropped
+    small = [MailboxItem(entry(n, 1).record) for n in range(MAX_GROUP_ENTRIES + 1)]
+    assert [len(p) for p in split_group(small)] == [MAX_GROUP_ENTRIES, 1]
+    assert split_group([]) == []
+
+
+def test_a_page_stays_within_the_transport_whatever_max_bytes_asks() -> None:
+    entries = tuple(entry(n, n, "x" * 60_000) for n in range(1, 71))
+    read = LaneRead(LaneState(1, 70, 0), entries)
+    page = build_page("inbox", MailboxCursor(), read, 1000, 4 << 20)
+    assert sum(e.size_bytes() for e in page.entries) <= MAX_PAGE_BYTES < 4 << 20
+    assert page.more and page.next_cursor.seq == len(page.entries)
+
+
+def test_waiting_entries_are_tried_again_in_order_per_mailbox() -> None:
+    def held(position: str) -> PartitionEntry:
+        entry = OutboxEntry(OutboxPublication("s", position), "t", "c", 1, f"m{position}", None)
+        return PartitionEntry(entry)
+
+    a, b = Mailbox.inbox("t", "a"), Mailbox.inbox("t", "b")
+    waiting = Waiting()
+    waiting.add(held("1"), [a, b], 100, broken=[b])  # b is sick until 100
+    waiting.add(held("2"), [a], 50, broken=[a])  # a until 50, but 1 (older) waits on a too
+    waiting.add(held("3"), [b], 100)  # waits for b, untried
+    assert waiting.sick_due([a, b]) == 100 and waiting.next_due_ms(0) == 50
+    assert waiting.due(60, 10) == []  # 2 may not pass 1 on a
+    assert [h.position for h in waiting.due(100, 10)] == ["1", "2", "3"]
+    assert [h.position for h in waiting.due(100, 2)] == ["1", "2"]
+    waiting.add(held("1"), [a, b], 200, broken=[b])  # tried again, failed again: keeps its place
+    waiting.forget(["2"])
+    assert [h.position for h in waiting.due(150, 10)] == []  # 3 waits behind 1 on b
+    waiting.forget(["1", "3"])
+    assert len(waiting) == 0 and waiting.next_due_ms(0) == 0  # nobody sick any more

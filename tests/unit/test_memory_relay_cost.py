@@ -21,7 +21,8 @@ from service.domain.committer import MessageCommitter
 from service.domain.delivery import DeliveryPorts
 from service.domain.mailbox import Mailbox, MailboxCursor
 from service.domain.ports import Backend, ManualClock
-from service.domain.relay_worker import PartitionWork, Targets
+from service.domain.relay_worker import PartitionWork
+from service.domain.targets import Targets
 from tests.conformance.relay_support import POLICY, drain, inbox
 from tests.support import committer, send, unique
 

@@ -1,0 +1,70 @@
+"""How many RPCs a replica serves at once: unary RPCs and streams counted apart.
+
+gRPC's own ``maximum_concurrent_rpcs`` counts a stream for its whole life, so
+as many idle Subscribe streams as the limit made Commit and Sync answer
+RESOURCE_EXHAUSTED. Here unary RPCs have ``MC_MAX_CONCURRENT_RPCS`` slots;
+server streams have ``MAX_STREAMS`` of their own, and at most
+``MAX_STREAMS_PER_USER`` per (tenant, user) when the request names one (Subscribe).
+The interceptor takes a slot before the handler runs and gives it back when
+the RPC ends, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+MAX_STREAMS = 20_000
+"""Server streams one replica serves at once (an idle Subscribe costs a task and
+a few KiB; docs/delivery.md, "Subscribe")."""
+MAX_STREAMS_PER_USER = 16
+"""Server streams one (tenant, user) may hold at once on one replica."""
+
+
+@dataclass
+class RpcLimits:
+    """In-flight counters; a ``take_*`` that answers a refusal took nothing."""
+
+    max_unary: int = 1000
+    """0: no limit."""
+    max_streams: int = MAX_STREAMS
+    max_streams_per_user: int = MAX_STREAMS_PER_USER
+    unary: int = 0
+    streams: int = 0
+    per_user: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def take_unary(self) -> str | None:
+        """None when a slot was taken, else why not."""
+        if self.max_unary and self.unary >= self.max_unary:
+            return f"more than {self.max_unary} RPCs in flight on this replica; retry later"
+        self.unary += 1
+        return None
+
+    def give_unary(self) -> None:
+        self.unary -= 1
+
+    def take_stream(self, owner: tuple[str, str] | None) -> str | None:
+        """None when a slot was taken (and one of ``owner``'s), else why not."""
+        if self.streams >= self.max_streams:
+            return f"more than {self.max_streams} streams on this replica; retry later"
+        if owner is not None and self.per_user[owner] >= self.max_streams_per_user:
+            return f"more than {self.max_streams_per_user} streams per user on this replica"
+        self.streams += 1
+        if owner is not None:
+            self.per_user[owner] += 1
+        return None
+
+    def give_stream(self, owner: tuple[str, str] | None) -> None:
+        self.streams -= 1
+        if owner is not None:
+            self.per_user[owner] -= 1
+            if self.per_user[owner] <= 0:
+                del self.per_user[owner]
+
+
+def owner_of(request: object) -> tuple[str, str] | None:
+    """The (tenant, user) a streaming request names, if it names one."""
+    tenant, user = getattr(request, "tenant", None), getattr(request, "user", None)
+    if isinstance(tenant, str) and isinstance(user, str) and user:
+        return (tenant, user)
+    return None
