@@ -34,12 +34,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Literal, TypeVar
 
-from client import pages
+from client import codec, pages
 from client.config import RuntimeConfig
 from client.errors import (
     AlreadyConnected,
     ConnectRequired,
     InvalidArgument,
+    LocalStoreFailure,
     Offline,
     RebuildNotAllowed,
     RuntimeStopped,
@@ -54,6 +55,7 @@ from client.events import (
     RebuildFinished,
     RebuildStarted,
     SendConfirmed,
+    SendFailed,
     Via,
 )
 from client.faults import ClientCrash, ClientFaults, ClientPoint
@@ -68,10 +70,11 @@ from client.model import (
     PendingSend,
     RebuildPlan,
     SendMessage,
+    new_client_message_id,
 )
 from client.outcomes import Outcome, classify
 from client.state import ConnectionState, check_transition
-from client.store import Applied, LocalStore
+from client.store import CONFLICT_PROBLEM, Applied, LocalStore
 from client.transport import Connector, ServerApi
 from service.domain.errors import CommitError, InvalidRequest, Unavailable
 from service.domain.limits import CommitLimits, validate_send
@@ -82,6 +85,7 @@ from service.domain.model import (
     HistoryPage,
     HistoryQuery,
     MemberPage,
+    MessageRecord,
 )
 from service.tasks import cancel_and_wait
 
@@ -221,6 +225,23 @@ class ClientRuntime:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
+    def fail(self, reason: str) -> None:
+        """The connection cycle cannot go on: stop, say why (CLOSED with
+        ``reason``), and end the events so ``next_event`` raises RuntimeStopped."""
+        self._stopped = True
+        if self._state is not ConnectionState.CLOSED:
+            self.set_state(ConnectionState.CLOSED, reason)
+        self._events.close()
+
+    async def repair_store(self, damage: LocalStoreFailure) -> None:
+        """The store was found damaged in use: reset it as an open would (pending
+        sends kept), bind it again, and report ``LocalStoreReset``."""
+        report = await self.store.repair(str(damage))
+        self.expired.clear()
+        self.sync_wanted.clear()
+        await self.store.bind_account(self.account)
+        self.emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+
     def hit(self, point: ClientPoint) -> None:
         try:
             self.faults.check(point)
@@ -245,14 +266,20 @@ class ClientRuntime:
 
     async def send_message(self, message: SendMessage) -> PendingSend:
         """Persist ``message`` as pending (atomically, before any network I/O) and
-        queue it; the outcome arrives as SendConfirmed or SendFailed."""
+        queue it; the outcome arrives as SendConfirmed or SendFailed.
+
+        Idempotent by ``message.cmid`` (the host's own send id): the same send
+        again returns the stored pending send, or one with ``confirmed`` set if
+        it already went through; it is never queued twice. A cancelled call may
+        or may not have persisted the send (the write runs on the store's
+        thread and is not undone): call again with the same cmid to know."""
         account, _ = self._require()
         send = AuthenticatedSend(
             tenant=account.tenant,
             sender=account.user,
             device=account.device,
             conversation=message.conversation,
-            cmid=message.cmid,
+            cmid=message.cmid or new_client_message_id(account.device),
             content=message.content,
             mentions=tuple(message.mentions),
             reply_to=message.reply_to,
@@ -262,6 +289,8 @@ class ClientRuntime:
         except InvalidRequest as exc:
             raise InvalidArgument(str(exc)) from None
         pending = await self.store.persist_pending(send, self.now_ms())
+        if pending.confirmed:
+            return pending
         self.hit(ClientPoint.AFTER_PERSIST)
         self.wake.set()
         return pending
@@ -274,10 +303,25 @@ class ClientRuntime:
         return again
 
     async def confirm(self, pending: PendingSend, message: CommittedMessage, via: Via) -> None:
-        """Resolve ``pending`` with the server's coordinates and report it once."""
+        """Resolve ``pending`` with the server's answer to this very send (its ACK
+        or ResumeExisting: the server compared the identity) and report it once."""
         resolved = await self.store.resolve_pending(message, pending.send.content)
         if resolved is not None:
             self.emit(SendConfirmed(pending.cmid, message, via))
+
+    async def settle_found(self, pending: PendingSend, found: MessageRecord) -> None:
+        """A stored message with the pending send's sender and cmid: it confirms
+        the send only when its identity is the send's; another identity (another
+        device's message, other content) means the server refuses this send."""
+        if not codec.same_identity(found, pending.send):
+            await self.store.park_pending(pending.cmid, CONFLICT_PROBLEM)
+            self.emit(SendFailed(pending.cmid, pending.conversation, *_conflict()))
+            return
+        r = found
+        committed = CommittedMessage(r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms)
+        resolved = await self.store.resolve_pending(committed, found.content)
+        if resolved is not None:
+            self.emit(SendConfirmed(pending.cmid, committed, "mailbox"))
 
     # --- batches --------------------------------------------------------------------------
 
@@ -298,6 +342,8 @@ class ClientRuntime:
             self.emit(MessagesAdded(applied.added, source))
         for c in applied.confirmed:
             self.emit(SendConfirmed(c.cmid, c.message, source))
+        for k in applied.conflicts:
+            self.emit(SendFailed(k.cmid, k.conversation, *_conflict()))
 
     # --- pulls ------------------------------------------------------------------------------
 
@@ -409,3 +455,8 @@ class ClientRuntime:
             if done:
                 break
         return added
+
+
+def _conflict() -> tuple[str, str]:
+    error, _, message = CONFLICT_PROBLEM.partition(": ")
+    return error, message
