@@ -73,6 +73,7 @@ class ResetReport:
     reason: str
     kept_pending: int
     lost_pending: bool = False
+    """True when the pending table, or a row of it, could not be read."""
 
 
 class LocalStore(abc.ABC):

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,11 +291,13 @@ class Salvage:
     rows: tuple[tuple[object, ...], ...]
     """Pending rows in PENDING_COLUMNS order, ``send`` as the stored bytes."""
     lost: bool
-    """True when the pending table could not be read at all."""
+    """True when the pending table, or a row of it, could not be read."""
 
 
-def salvage_pending(path: Path) -> Salvage:
-    """The pending rows of a database about to be reset, as far as they can be read."""
+def salvage_pending(path: Path, readable: Callable[[bytes], bool]) -> Salvage:
+    """The pending rows of a database about to be reset, as far as they can be
+    read: a row whose ``send`` is not ``readable`` (does not decode) is dropped,
+    and ``lost`` says so."""
     try:
         db = sqlite3.connect(str(path), isolation_level=None, timeout=5.0)
     except sqlite3.Error:
@@ -305,15 +307,14 @@ def salvage_pending(path: Path) -> Salvage:
             rows = db.execute(
                 f"SELECT {', '.join(PENDING_COLUMNS)} FROM pending ORDER BY position"
             ).fetchall()
-            return Salvage(tuple(tuple(r) for r in rows), False)
         except sqlite3.Error:
-            pass
-        try:  # the frozen core columns only
-            core = db.execute("SELECT cmid, send FROM pending ORDER BY rowid").fetchall()
-        except sqlite3.Error:
-            return Salvage((), True)
-        rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
-        return Salvage(tuple(rows), False)
+            try:  # the frozen core columns only
+                core = db.execute("SELECT cmid, send FROM pending ORDER BY rowid").fetchall()
+            except sqlite3.Error:
+                return Salvage((), True)
+            rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
+        kept = tuple(tuple(r) for r in rows if isinstance(r[3], bytes) and readable(r[3]))
+        return Salvage(kept, len(kept) < len(rows))
     finally:
         db.close()
 

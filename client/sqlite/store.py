@@ -143,7 +143,7 @@ def _open(
 def _reset(path: Path, reason: str) -> ResetReport:
     """Rebuild the file at ``path`` keeping the pending sends that can be read
     (``schema`` says how a crash in the middle is safe)."""
-    salvage = schema.salvage_pending(path)
+    salvage = schema.salvage_pending(path, _decodes)
     schema.rebuild_file(path, salvage.rows)
     return ResetReport(reason, len(salvage.rows), salvage.lost)
 
@@ -158,6 +158,14 @@ def _open_checked(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite
         db.close()
         raise
     return db
+
+
+def _decodes(send: bytes) -> bool:
+    try:
+        codec.send_from_bytes(send)
+    except (DecodeError, ValueError):
+        return False
+    return True
 
 
 def _transient(exc: sqlite3.Error) -> LocalStoreFailure:

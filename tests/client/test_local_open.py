@@ -11,11 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from client import ConnectRequest, LocalStoreFailure, open_local_store
+from client import (
+    ClientCrash,
+    ClientPoint,
+    ConnectRequest,
+    LocalStoreFailure,
+    LocalStoreReset,
+    SendConfirmed,
+    open_local_store,
+)
 from client.codec import send_to_bytes
-from client.errors import LocalSchemaError
+from client.errors import LocalSchemaError, LocalStoreCorrupt
 from client.sqlite import schema
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
+from tests.client.support import Client, MemoryServers, eventually, history
 
 ACCOUNT = ConnectRequest("acme", "alice", "phone")
 SEND = AuthenticatedSend(
@@ -96,3 +105,75 @@ async def test_a_reset_interrupted_before_the_new_file_moved_in_never_replays_th
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert db.execute("SELECT COUNT(*) FROM meta WHERE key LIKE 'k%'").fetchone()[0] == 0
     db.close()
+
+
+async def test_a_damaged_page_found_by_quick_check_resets_keeping_pending(tmp_path: Path) -> None:
+    path = tmp_path / "local.db"
+    await _store_with_a_pending_send(path)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executemany(
+        "INSERT INTO messages VALUES (?, 'general', ?, 'bob', ?, 'text', '', 7, 'mailbox', ?)",
+        [(f"m-{i}", i, f"c-{i}", b"x" * 300) for i in range(1, 400)],
+    )
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.close()
+    with path.open("r+b") as f:  # a cell pointer array of a messages page turns to garbage
+        f.seek(page_size * (pages - 3) + 8)
+        f.write(b"\xa5" * 16)
+    store = await open_local_store(path)
+    try:
+        assert store.reset_report is not None
+        assert "damaged" in store.reset_report.reason
+        assert [p.send for p in await store.pending()] == [SEND]
+        assert await store.messages("general") == []
+    finally:
+        await store.close()
+
+
+async def test_an_undecodable_row_is_a_local_store_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "local.db"
+    await _store_with_a_pending_send(path)
+    store = await open_local_store(path)
+    try:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("UPDATE pending SET send = x'ffffffff'")
+        other.close()
+        with pytest.raises(LocalStoreFailure) as raised:  # never a bare DecodeError
+            await store.pending()
+        assert isinstance(raised.value, LocalStoreCorrupt)
+    finally:
+        await store.close()
+
+
+@pytest.mark.e2e
+async def test_corruption_found_in_use_resets_keeping_pending_and_the_send_goes_out(
+    servers: MemoryServers, tmp_path: Path
+) -> None:
+    alice = Client("alice", tmp_path / "alice.db", lambda: servers.target)
+    try:
+        await alice.start()
+        await alice.online()
+        alice.faults.arm(ClientPoint.AFTER_PERSIST)  # persisted, never sent
+        with pytest.raises(ClientCrash):
+            await alice.send("general", "kept through a repair", cmid="good-1")
+        await alice.crash()
+        db = sqlite3.connect(alice.path, isolation_level=None)
+        db.execute(  # a row damaged on disk: it no longer decodes
+            "INSERT INTO pending (cmid, position, conversation, send, created_ms)"
+            " VALUES ('bad-1', 2, 'general', x'ffffffff', 6)"
+        )
+        db.close()
+        await alice.start()
+
+        async def confirmed() -> bool:
+            return any(isinstance(e, SendConfirmed) and e.cmid == "good-1" for e in alice.events)
+
+        await eventually(confirmed, 20)
+        [reset] = [e for e in alice.events if isinstance(e, LocalStoreReset)]
+        assert reset.kept_pending == 1 and reset.lost_pending
+        assert not alice.rt.unexpected
+        assert [r.cmid for r in await history(servers.target, "general", "alice")] == ["good-1"]
+    finally:
+        await alice.crash()
