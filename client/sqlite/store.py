@@ -98,10 +98,14 @@ async def open_local_store(
     faults: ClientFaults | None = None,
     busy_timeout_s: float = 5.0,
 ) -> SqliteLocalStore:
-    """Open (creating, migrating or, if it is unusable, resetting) the store at ``path``.
+    """Open (creating, migrating or, if it is unusable, resetting) the store at
+    ``path`` (``~`` expanded; ``":memory:"`` is refused: a test that wants a
+    store in memory picks ``in_memory_store_for_test``).
 
     A transient error (locked or busy past ``busy_timeout_s``, I/O, disk full)
     raises LocalStoreFailure and leaves the file as it was."""
+    if str(path) == ":memory:":
+        raise ValueError("a store in memory is lost with the object: in_memory_store_for_test()")
     return await asyncio.to_thread(_open, Path(path), synchronous, faults, busy_timeout_s)
 
 
@@ -117,6 +121,7 @@ def _open(
 ) -> SqliteLocalStore:
     if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
         raise ValueError("synchronous must be FULL, NORMAL or EXTRA")
+    path = path.expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = _lock(path)
     try:

@@ -177,3 +177,23 @@ async def test_corruption_found_in_use_resets_keeping_pending_and_the_send_goes_
         assert [r.cmid for r in await history(servers.target, "general", "alice")] == ["good-1"]
     finally:
         await alice.crash()
+
+
+async def test_memory_is_only_the_explicit_test_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="in_memory_store_for_test"):
+        await open_local_store(":memory:")
+    assert not _files(tmp_path)  # not a file named ":memory:" (nor its lock)
+
+
+async def test_a_home_relative_path_is_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    store = await open_local_store("~/app/alice.sqlite3")
+    await store.close()
+    assert (tmp_path / "home" / "app" / "alice.sqlite3").exists()
+    assert not (tmp_path / "~").exists()
