@@ -28,6 +28,7 @@ import random
 
 import grpc
 
+from client.errors import ClientRuntimeError, Offline, ServerRejected
 from service.api.errors import RemoteError, RequestTooLarge
 from service.domain.errors import (
     ConversationNotFound,
@@ -75,6 +76,16 @@ def retry_wait_s(
         delay = rng.uniform(delay / 2, delay)
     hint = float(exc.retry_after_s) if isinstance(exc, QuotaExceeded) else 0.0
     return min(max(hint, delay, 0.001), maximum_s)
+
+
+def pull_failure(exc: Exception) -> ClientRuntimeError:
+    """What a failed pull (history, members) raises to the host: ServerRejected
+    only for the server's definite "no"; anything else (UNAVAILABLE, a
+    deadline, CANCELLED, INTERNAL, a quota, an unfinished key) is Offline,
+    which says that trying again later can help."""
+    if classify(exc) is Outcome.REFUSED:
+        return ServerRejected(exc)
+    return Offline(f"the pull failed for now ({describe(exc)}); try again")
 
 
 def is_timeout(exc: BaseException) -> bool:

@@ -44,7 +44,6 @@ from client.errors import (
     Offline,
     RebuildNotAllowed,
     RuntimeStopped,
-    ServerRejected,
 )
 from client.events import (
     ClientEvent,
@@ -72,11 +71,11 @@ from client.model import (
     SendMessage,
     new_client_message_id,
 )
-from client.outcomes import Outcome, classify
+from client.outcomes import Outcome, classify, pull_failure
 from client.state import ConnectionState, check_transition
 from client.store import CONFLICT_PROBLEM, Applied, LocalStore
 from client.transport import Connector, ServerApi
-from service.domain.errors import CommitError, InvalidRequest, Unavailable
+from service.domain.errors import CommitError, InvalidRequest
 from service.domain.limits import CommitLimits, validate_send
 from service.domain.model import (
     AuthenticatedSend,
@@ -370,10 +369,8 @@ class ClientRuntime:
             raise Offline("no server connection right now; the runtime is reconnecting")
         try:
             return await call(api)
-        except Unavailable as exc:
-            raise Offline("the server is unavailable; the runtime is reconnecting") from exc
         except CommitError as exc:
-            raise ServerRejected(exc) from None
+            raise pull_failure(exc) from None
 
     # --- REBUILD ----------------------------------------------------------------------------
 
