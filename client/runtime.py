@@ -122,6 +122,7 @@ class ClientRuntime:
         self.sync_wanted: set[str] = set()
         self.expired: dict[str, ExpiredCursor] = {}
         self._apply_lock = asyncio.Lock()
+        self._rebuild_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         self.crash: ClientCrash | None = None
         self.unexpected: Counter[str] = Counter()
@@ -378,6 +379,10 @@ class ClientRuntime:
         """Entered only from CursorExpired: fetch the authoritative conversation list
         and backfill each affected conversation's history (pending sends and local
         messages are kept). ``finish_rebuild`` ends it."""
+        async with self._rebuild_lock:  # one entry point at a time
+            return await self._begin_rebuild(expired)
+
+    async def _begin_rebuild(self, expired: ExpiredCursor) -> RebuildPlan:
         account, api = self._require()
         if expired.lane not in self.expired:
             raise RebuildNotAllowed("begin_rebuild is entered only from CursorExpired")
@@ -403,12 +408,18 @@ class ClientRuntime:
         """Store the lane's new cursor; sync goes on from there and pending sends
         are reconciled next."""
         self._require()
-        if cursor.lane not in self.expired:
-            raise RebuildNotAllowed("finish_rebuild follows begin_rebuild")
-        await self.store.finish_rebuild(cursor)
-        del self.expired[cursor.lane]
-        self.emit(RebuildFinished(cursor, self._backfilled))
-        self._backfilled = 0
+        async with self._rebuild_lock:  # one entry point at a time
+            expired = self.expired.get(cursor.lane)
+            if expired is None:
+                raise RebuildNotAllowed("finish_rebuild follows begin_rebuild")
+            if (cursor.epoch, cursor.seq) != (expired.epoch, expired.trim_watermark):
+                raise RebuildNotAllowed(
+                    "finish_rebuild takes the cursor the expiry named (epoch, trim watermark)"
+                )
+            await self.store.finish_rebuild(cursor)
+            del self.expired[cursor.lane]
+            self.emit(RebuildFinished(cursor, self._backfilled))
+            self._backfilled = 0
 
     async def list_conversations(
         self, api: ServerApi, account: ConnectRequest
