@@ -62,7 +62,9 @@ from client.model import (
     Backfill,
     ConnectRequest,
     ConversationSummary,
+    ConversationView,
     ExpiredCursor,
+    LocalMessage,
     MailboxCursor,
     MailboxPage,
     MemberPageRequest,
@@ -200,6 +202,32 @@ class ClientRuntime:
             if self._state is not ConnectionState.CLOSED:
                 self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
             self._events.close()
+
+    async def __aenter__(self) -> ClientRuntime:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- reads of the local store (what a host shows) -------------------------------------
+
+    async def messages(
+        self, conversation: str, *, limit: int = 50, before_seq: int = 0
+    ) -> list[LocalMessage]:
+        """The newest ``limit`` stored messages of a conversation below ``before_seq``
+        (0: the newest), in ascending seq order."""
+        self._check_running()
+        return await self.store.messages(conversation, limit=limit, before_seq=before_seq)
+
+    async def pending(self) -> list[PendingSend]:
+        """This device's unconfirmed sends (parked ones too), oldest first."""
+        self._check_running()
+        return await self.store.pending()
+
+    async def conversations(self) -> list[ConversationView]:
+        """The local projection of the conversations, by id."""
+        self._check_running()
+        return await self.store.conversations()
 
     @property
     def cycle(self) -> asyncio.Task[None] | None:
