@@ -52,6 +52,14 @@ from client.sqlite import SqliteLocalStore, in_memory_store_for_test, open_local
 from client.state import ConnectionState
 from client.store import LocalStore
 from client.transport import Connector, GrpcConnector, ServerApi
+from service.domain.model import (  # the service's own types a host reads and writes
+    CommittedMessage,
+    Direction,
+    HistoryQuery,
+    MessageContent,
+    MessageRecord,
+    MessageType,
+)
 
 __all__ = [
     "AccountMismatch",
@@ -62,16 +70,19 @@ __all__ = [
     "ClientPoint",
     "ClientRuntime",
     "ClientRuntimeError",
+    "CommittedMessage",
     "ConnectRequest",
     "ConnectRequired",
     "ConnectionChanged",
     "ConnectionState",
     "Connector",
     "CursorExpired",
+    "Direction",
     "DuplicateClientMessageId",
     "EventsDropped",
     "ExpiredCursor",
     "GrpcConnector",
+    "HistoryQuery",
     "InvalidArgument",
     "InvalidMailboxPage",
     "LocalMessage",
@@ -83,6 +94,9 @@ __all__ = [
     "MailboxCursor",
     "MailboxPage",
     "MemberPageRequest",
+    "MessageContent",
+    "MessageRecord",
+    "MessageType",
     "MessagesAdded",
     "Offline",
     "Origin",

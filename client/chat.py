@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import os
 import signal
@@ -53,6 +54,7 @@ from client import (
     open_local_store,
 )
 from client.events import ClientEvent
+from client.model import new_client_message_id
 from service.domain.model import Direction, HistoryQuery, MessageContent, MessageType
 from service.tasks import cancel_and_wait
 
@@ -99,6 +101,34 @@ def body_text(content: MessageContent) -> str:
     return f"<{kind}, {len(content.body)} B>"
 
 
+class StdinLines:
+    """Every complete line of what is readable on ``fd`` now, in order (a paste or
+    a script's pipe brings several in one read; a buffered ``readline`` would
+    keep all but the first until more input came); None at the end of input."""
+
+    def __init__(self, fd: int, lines: asyncio.Queue[str | None]) -> None:
+        self.fd = fd
+        self.lines = lines
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.partial = ""
+        self.ended = False
+
+    def ready(self) -> None:
+        if self.ended:
+            return
+        data = os.read(self.fd, 65536)
+        text = self.partial + self.decoder.decode(data, final=not data)
+        *complete, self.partial = text.split("\n")
+        for line in complete:
+            self.lines.put_nowait(line + "\n")
+        if not data:
+            if self.partial:
+                self.lines.put_nowait(self.partial)
+                self.partial = ""
+            self.ended = True
+            self.lines.put_nowait(None)
+
+
 class Chat:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -135,7 +165,7 @@ class Chat:
             loop.add_signal_handler(signal.SIGINT, self.stop.set)
             loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         lines: asyncio.Queue[str | None] = asyncio.Queue()
-        loop.add_reader(sys.stdin.fileno(), lambda: lines.put_nowait(sys.stdin.readline() or None))
+        loop.add_reader(sys.stdin.fileno(), StdinLines(sys.stdin.fileno(), lines).ready)
         printer = asyncio.create_task(self.print_events(runtime))
         try:
             await self.read_lines(runtime, lines)
@@ -180,7 +210,8 @@ class Chat:
             self.say(f"· unknown command; {HELP}")
         else:
             content = MessageContent(MessageType.TEXT, text.encode())
-            message = SendMessage(self.conversation, content)
+            cmid = new_client_message_id(self.args.device)
+            message = SendMessage(self.conversation, content, cmid)
             self.texts[message.cmid] = text
             try:
                 await runtime.send_message(message)

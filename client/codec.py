@@ -42,6 +42,13 @@ def send_of(record: MessageRecord) -> AuthenticatedSend:
     )
 
 
+def same_identity(record: MessageRecord, send: AuthenticatedSend) -> bool:
+    """Whether ``record`` is the commit of ``send``: the identity digest the
+    server compares (tenant, sender, device, conversation, cmid, content,
+    mentions, reply-to), not the cmid alone."""
+    return send_of(record).reserve_identity_digest() == send.reserve_identity_digest()
+
+
 def committed_record(
     send: AuthenticatedSend, seq: int, message_id: str, server_ts_ms: int
 ) -> MessageRecord:

@@ -55,8 +55,18 @@ class RuntimeConfig:
     history_check_pages: int = 20
     """Most history pages that look-up reads."""
 
-    max_send_attempts: int = 50
-    """Hand-overs to the network after which a send is parked as wedged."""
+    retry_initial_s: float = 0.2
+    """First wait before a send the server could not finish yet (Recoverable, a
+    quota) goes again; doubles per retry of that send, jittered to half-full."""
+
+    retry_max_s: float = 5.0
+    """Longest such wait (a quota's hint is capped by it too). There is no
+    attempt limit: only a definite refusal parks a send."""
+
+    stable_online_s: float = 10.0
+    """How long a connection must stay ONLINE, with a heartbeat seen, before the
+    reconnect backoff starts again from ``reconnect_initial_s`` (a connection
+    that reaches ONLINE and fails at once keeps backing off)."""
 
     max_rebuilds_per_connection: int = 5
     """REBUILDs one connection may run before it gives up and backs off."""
@@ -71,6 +81,8 @@ class RuntimeConfig:
             raise ValueError("pong_timeout_s must be longer than heartbeat_s")
         if min(self.ack_timeout_s, self.rpc_timeout_s, self.reconnect_initial_s) <= 0:
             raise ValueError("timeouts and delays must be positive")
+        if not 0 < self.retry_initial_s <= self.retry_max_s:
+            raise ValueError("retry_initial_s must be positive and at most retry_max_s")
         if not 1 <= self.sync_limit <= 1000 or not 1 <= self.backfill_page <= 200:
             raise ValueError("sync_limit must be 1-1000 and backfill_page 1-200")
         return self

@@ -5,7 +5,11 @@ pending sends by cmid, go ONLINE; whatever ends a connection (a failed call,
 an ACK timeout, a PONG timeout, the stream ending) is logged by its class,
 the state goes to DISCONNECTED, and after a jittered backoff the cycle starts
 again. Every loop is bounded: pages per lane, rebuilds per connection,
-attempts per send; waits are bounded by the PONG deadline.
+repairs of a damaged store per runtime; waits are bounded by the PONG
+deadline. A send has no attempt limit (an unknown outcome is never a
+failure); the reconnect backoff grows until a connection stayed ONLINE for
+``stable_online_s`` with a heartbeat seen. Whatever stops the cycle itself
+is an event with a reason (CLOSED), never a silent, blocked ``next_event``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from client import pages
-from client.errors import ClientRuntimeError
+from client.errors import ClientRuntimeError, LocalStoreCorrupt
 from client.events import CursorExpired, SendFailed
 from client.faults import ClientCrash, ClientPoint
 from client.model import (
@@ -32,7 +36,7 @@ from client.state import Backoff, ConnectionState, Liveness
 from client.transport import ServerApi
 from service.domain.errors import CommitError
 from service.domain.errors import CursorExpired as ServerCursorExpired
-from service.domain.model import CommittedMessage, Direction, HistoryQuery
+from service.domain.model import Direction, HistoryQuery
 from service.tasks import cancel_and_wait, wait_event
 
 if TYPE_CHECKING:
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 S = ConnectionState
+MAX_REPAIRS = 3
+"""Resets of a store found damaged in use, per runtime; past it the runtime stops."""
 HISTORY_CHECK_SLACK_MS = 60_000
 """How far before a send's first attempt the history look-up reads (clock skew)."""
 
@@ -68,15 +74,30 @@ class Supervisor:
         self.loop = asyncio.get_running_loop()
 
     async def run(self) -> None:
+        """The cycle; whatever ends it is an event: ``ConnectionChanged`` with a
+        reason, and CLOSED (then RuntimeStopped) when it cannot go on."""
+        try:
+            await self._cycles()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: stop with a reason, never hang the host
+            self.rt.unexpected[type(exc).__name__] += 1
+            log.exception("client runtime: the supervisor stopped on %s", type(exc).__name__)
+            self.rt.fail(f"the connection cycle failed ({type(exc).__name__})")
+
+    async def _cycles(self) -> None:
         rt = self.rt
+        repairs = 0
         for _attempt in range(1_000_000_000):  # a runtime's life; each turn waits a backoff
             if rt.stopped:
                 return  # closed or crashed: no new connection
             rt.set_state(S.CONNECTING)
-            api = rt.connector.open()
-            rt.api = api
             reason = ""
+            corrupt: LocalStoreCorrupt | None = None
+            api: ServerApi | None = None
             try:
+                api = rt.connector.open()
+                rt.api = api
                 await api.wait_ready()
                 await self.session(api)
             except ClientCrash as crash:
@@ -84,6 +105,8 @@ class Supervisor:
                 return
             except LeaveOnline as exc:
                 reason = exc.reason
+            except LocalStoreCorrupt as exc:
+                corrupt, reason = exc, describe(exc)
             except (CommitError, ClientRuntimeError) as exc:
                 reason = describe(exc)
             except Exception as exc:  # a bug: keep the runtime alive, but say so loudly
@@ -92,9 +115,16 @@ class Supervisor:
                 reason = f"unexpected {type(exc).__name__}"
             finally:
                 rt.api = None
-                with contextlib.suppress(Exception):
-                    await api.close()
+                if api is not None:
+                    with contextlib.suppress(Exception):
+                        await api.close()
             rt.set_state(S.DISCONNECTED, reason)
+            if corrupt is not None:
+                repairs += 1
+                if repairs > MAX_REPAIRS:
+                    rt.fail("the local store stays damaged after repairs")
+                    return
+                await rt.repair_store(corrupt)
             await asyncio.sleep(self.backoff.next_delay())
 
     async def session(self, api: ServerApi) -> None:
@@ -113,7 +143,6 @@ class Supervisor:
                     await self.rebuild(exc.lane)
             await self.reconcile(api)
             self.rt.set_state(S.ONLINE)
-            self.backoff.reset()
             await self.online(api, unhinted=set(lanes))
 
     # --- sync and rebuild -------------------------------------------------------------
@@ -165,15 +194,11 @@ class Supervisor:
         """Every pending send that ever went out, by its own cmid (oldest first)."""
         rt, user = self.rt, self.account.user
         for p in await rt.store.pending():
-            if p.parked or p.attempts == 0:
+            if p.parked or p.first_attempt_ms == 0:
                 continue  # a send that never went out is simply sent
             own = await rt.store.find_own(user, p.cmid)
             if own is not None:
-                r = own.record
-                committed = CommittedMessage(
-                    r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms
-                )
-                await rt.confirm(p, committed, "mailbox")
+                await rt.settle_found(p, own.record)
                 continue
             age_ms = rt.now_ms() - p.first_attempt_ms
             if age_ms > self.cfg.history_check_after_s * 1000 and await self.in_history(api, p):
@@ -189,8 +214,10 @@ class Supervisor:
             # not found: it stays pending and goes out again with the same id
 
     async def in_history(self, api: ServerApi, p: PendingSend) -> bool:
-        """Look for the send in its conversation's history, newest first, back to
-        its first attempt (the server no longer knows keys that old)."""
+        """Look for the send's cmid in its conversation's history, newest first,
+        back to its first attempt (the server no longer knows keys that old). A
+        page that has it is applied: its own identity confirms the send, another
+        identity parks it as a conflict (``LocalStore.apply_history``)."""
         a, rt = self.account, self.rt
         anchor = 0
         since = p.first_attempt_ms - HISTORY_CHECK_SLACK_MS
@@ -217,11 +244,21 @@ class Supervisor:
         listed before its first entry is synced at every heartbeat until a hint
         names it: its first messages wait one heartbeat, not the server's refresh."""
         rt = self.rt
-        liveness = Liveness(self.cfg.pong_timeout_s, self.loop.time())
+        online_at = self.loop.time()
+        stable = False
+        liveness = Liveness(self.cfg.pong_timeout_s, online_at)
         reader = self.read_stream(api, liveness, set() if unhinted is None else unhinted)
         stream = asyncio.create_task(reader, name="client-subscribe")
         try:
             for _ in range(1_000_000_000):  # a connection's life; each turn waits or works
+                lasted = self.loop.time() - online_at
+                if (
+                    not stable
+                    and lasted >= self.cfg.stable_online_s
+                    and liveness.seen_since(online_at)
+                ):
+                    self.backoff.reset()  # a stable connection with a round trip on it
+                    stable = True
                 if stream.done():
                     stream.result()
                     raise LeaveOnline("the Subscribe stream ended")
@@ -264,34 +301,42 @@ class Supervisor:
             rt.wake.set()
 
     async def send_next(self, api: ServerApi) -> bool:
-        """Send the oldest sendable pending send; False when there is none."""
+        """Send the oldest sendable pending send; False when there is none.
+
+        There is no attempt limit: an unknown outcome leaves ONLINE (the
+        connection backoff, then reconciliation), a RETRY_LATER waits a doubling
+        delay; only the server's definite "no" parks a send."""
         rt = self.rt
-        for p in await rt.store.pending():
-            if p.parked:
-                continue
-            if p.attempts >= self.cfg.max_send_attempts:
-                await self.park(p, "Wedged", f"no answer after {p.attempts} attempts")
-                continue
-            await rt.store.mark_attempt(p.cmid, rt.now_ms())
-            rt.hit(ClientPoint.ATTEMPT_BEFORE_SEND)
-            try:
-                committed = await api.commit(p.send)
-            except CommitError as exc:
-                if is_timeout(exc):
-                    raise LeaveOnline(f"ACK timeout after {self.cfg.ack_timeout_s}s") from None
-                await self.failed(p, exc)
-                return True
-            rt.hit(ClientPoint.SENT_BEFORE_ACK)
-            await rt.confirm(p, committed, "ack")
+        p = await rt.store.next_sendable()
+        if p is None:
+            return False
+        await rt.store.mark_attempt(p.cmid, rt.now_ms())
+        rt.hit(ClientPoint.ATTEMPT_BEFORE_SEND)
+        try:
+            committed = await api.commit(p.send)
+        except CommitError as exc:
+            if is_timeout(exc):
+                raise LeaveOnline(f"ACK timeout after {self.cfg.ack_timeout_s}s") from None
+            await self.failed(p, exc)
             return True
-        return False
+        rt.hit(ClientPoint.SENT_BEFORE_ACK)
+        await rt.confirm(p, committed, "ack")
+        return True
 
     async def failed(self, p: PendingSend, exc: CommitError) -> None:
         outcome = classify(exc)
         if outcome is Outcome.REFUSED:
             await self.park(p, type(exc).__name__, str(exc))
         elif outcome is Outcome.RETRY_LATER:
-            await asyncio.sleep(retry_wait_s(exc))
+            cfg = self.cfg
+            wait = retry_wait_s(
+                exc,
+                p.attempts - 1,
+                self.rt.rng,
+                initial_s=cfg.retry_initial_s,
+                maximum_s=cfg.retry_max_s,
+            )
+            await asyncio.sleep(wait)
         else:
             raise LeaveOnline(f"send failed: {describe(exc)}")
 

@@ -88,3 +88,8 @@ class LocalStoreBusy(LocalStoreFailure):
 class LocalSchemaError(LocalStoreFailure):
     """The local schema could not be used: unreadable, newer than this runtime,
     or a migration failed. Opening the store resets it (``LocalStoreReset``)."""
+
+
+class LocalStoreCorrupt(LocalSchemaError):
+    """The local database is damaged (a corrupt page, an undecodable row): the
+    store is reset the same way as on open, keeping the pending sends it can read."""

@@ -10,8 +10,9 @@ types are defined here, from the wire contract (``mailbox.proto``).
 from __future__ import annotations
 
 import enum
+import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from service.domain.ids import check_id
 from service.domain.model import AuthenticatedSend, MessageContent, MessageRecord
@@ -47,17 +48,29 @@ class ConnectRequest:
         return self
 
 
-def new_client_message_id() -> str:
-    return str(uuid.uuid4())
+_CMID_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]")
+_DEVICE_PREFIX_MAX = 31  # + "-" + 32 hex digits = the 64 characters a cmid may have
+
+
+def new_client_message_id(device: str = "") -> str:
+    """A fresh cmid, ``<device>-<uuid hex>`` when a device is given: two devices
+    of one user never draw the same one, whatever a host's own ids look like."""
+    unique = uuid.uuid4().hex
+    prefix = _CMID_UNSAFE.sub(".", device)[:_DEVICE_PREFIX_MAX]
+    return f"{prefix}-{unique}" if prefix else unique
 
 
 @dataclass(frozen=True, slots=True)
 class SendMessage:
-    """What the host asks to send; the runtime adds tenant, sender and device."""
+    """What the host asks to send; the runtime adds tenant, sender and device.
+
+    ``cmid`` is the send's id: empty (the default) lets the runtime draw one
+    that starts with the device id; a host that wants to repeat a call safely
+    (after a cancellation, a crash of its own) passes its own."""
 
     conversation: str
     content: MessageContent
-    cmid: str = field(default_factory=new_client_message_id)
+    cmid: str = ""
     mentions: tuple[str, ...] = ()
     reply_to: str = ""
 
@@ -78,6 +91,9 @@ class PendingSend:
     first_attempt_ms: int = 0
     parked: bool = False
     problem: str = ""
+    confirmed: bool = False
+    """True only in what ``send_message`` returns for a repeat of a send that is
+    already committed (its SendConfirmed came earlier): nothing is queued."""
 
     @property
     def cmid(self) -> str:
@@ -131,12 +147,15 @@ class MailboxCursor:
 
 @dataclass(frozen=True, slots=True)
 class MailboxEvent:
-    """One mailbox entry: a message added to a conversation of the user."""
+    """One mailbox entry: a message added to a conversation of the user, or (with
+    ``record`` None) an event of a kind this runtime does not know, kept as the
+    ``opaque`` bytes of its wire form: its seq is applied, nothing is added."""
 
     seq: int
     group_id: int
-    record: MessageRecord
+    record: MessageRecord | None
     delivered_ts_ms: int = 0
+    opaque: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,12 @@ outcome         errors                                       the runtime
 REFUSED         InvalidRequest (and InvalidClientMessageId),  parks the send
                 NotAMember, ConversationNotFound,
                 IdempotencyConflict, RequestTooLarge
-RETRY_LATER     Recoverable (the key is unfinished),          waits the hint (at
-                QuotaExceeded                                 most 5 s), retries
-                                                              the same send
+RETRY_LATER     Recoverable (the key is unfinished),          waits a doubling,
+                QuotaExceeded                                 jittered delay (the
+                                                              quota's hint at
+                                                              least, 5 s at most),
+                                                              retries the same
+                                                              send, no limit
 CONNECTION      Unavailable, a DEADLINE_EXCEEDED (the ACK     leaves ONLINE,
                 timeout), INTERNAL, anything else: the        reconnects, then
                 outcome is unknown                            reconciles by cmid
@@ -21,9 +24,11 @@ parks it; everything else is settled by reconciliation after a reconnect.
 from __future__ import annotations
 
 import enum
+import random
 
 import grpc
 
+from client.errors import ClientRuntimeError, Offline, ServerRejected
 from service.api.errors import RemoteError, RequestTooLarge
 from service.domain.errors import (
     ConversationNotFound,
@@ -54,10 +59,33 @@ def classify(exc: BaseException) -> Outcome:
     return Outcome.CONNECTION
 
 
-def retry_wait_s(exc: BaseException) -> float:
-    """How long to wait before the same send again after a RETRY_LATER."""
-    hint = exc.retry_after_s if isinstance(exc, QuotaExceeded) else 0.2
-    return min(max(hint, 0.05), MAX_RETRY_WAIT_S)
+def retry_wait_s(
+    exc: BaseException,
+    retries: int = 0,
+    rng: random.Random | None = None,
+    *,
+    initial_s: float = 0.2,
+    maximum_s: float = MAX_RETRY_WAIT_S,
+) -> float:
+    """How long to wait before the same send again after its ``retries``-th
+    RETRY_LATER in a row: ``initial_s`` doubling per retry up to ``maximum_s``,
+    jittered to [d/2, d] when ``rng`` is given; a quota's ``retry_after_s`` is a
+    floor (``maximum_s`` still bounds it)."""
+    delay: float = min(initial_s * 2.0 ** min(max(retries, 0), 30), maximum_s)
+    if rng is not None:
+        delay = rng.uniform(delay / 2, delay)
+    hint = float(exc.retry_after_s) if isinstance(exc, QuotaExceeded) else 0.0
+    return min(max(hint, delay, 0.001), maximum_s)
+
+
+def pull_failure(exc: Exception) -> ClientRuntimeError:
+    """What a failed pull (history, members) raises to the host: ServerRejected
+    only for the server's definite "no"; anything else (UNAVAILABLE, a
+    deadline, CANCELLED, INTERNAL, a quota, an unfinished key) is Offline,
+    which says that trying again later can help."""
+    if classify(exc) is Outcome.REFUSED:
+        return ServerRejected(exc)
+    return Offline(f"the pull failed for now ({describe(exc)}); try again")
 
 
 def is_timeout(exc: BaseException) -> bool:

@@ -34,16 +34,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Literal, TypeVar
 
-from client import pages
+from client import codec, pages
 from client.config import RuntimeConfig
 from client.errors import (
     AlreadyConnected,
     ConnectRequired,
     InvalidArgument,
+    LocalStoreFailure,
     Offline,
     RebuildNotAllowed,
     RuntimeStopped,
-    ServerRejected,
 )
 from client.events import (
     ClientEvent,
@@ -54,6 +54,7 @@ from client.events import (
     RebuildFinished,
     RebuildStarted,
     SendConfirmed,
+    SendFailed,
     Via,
 )
 from client.faults import ClientCrash, ClientFaults, ClientPoint
@@ -61,19 +62,22 @@ from client.model import (
     Backfill,
     ConnectRequest,
     ConversationSummary,
+    ConversationView,
     ExpiredCursor,
+    LocalMessage,
     MailboxCursor,
     MailboxPage,
     MemberPageRequest,
     PendingSend,
     RebuildPlan,
     SendMessage,
+    new_client_message_id,
 )
-from client.outcomes import Outcome, classify
+from client.outcomes import Outcome, classify, pull_failure
 from client.state import ConnectionState, check_transition
-from client.store import Applied, LocalStore
+from client.store import CONFLICT_PROBLEM, Applied, LocalStore
 from client.transport import Connector, ServerApi
-from service.domain.errors import CommitError, InvalidRequest, Unavailable
+from service.domain.errors import CommitError, InvalidRequest
 from service.domain.limits import CommitLimits, validate_send
 from service.domain.model import (
     AuthenticatedSend,
@@ -82,6 +86,7 @@ from service.domain.model import (
     HistoryPage,
     HistoryQuery,
     MemberPage,
+    MessageRecord,
 )
 from service.tasks import cancel_and_wait
 
@@ -119,6 +124,7 @@ class ClientRuntime:
         self.sync_wanted: set[str] = set()
         self.expired: dict[str, ExpiredCursor] = {}
         self._apply_lock = asyncio.Lock()
+        self._rebuild_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         self.crash: ClientCrash | None = None
         self.unexpected: Counter[str] = Counter()
@@ -197,6 +203,32 @@ class ClientRuntime:
                 self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
             self._events.close()
 
+    async def __aenter__(self) -> ClientRuntime:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- reads of the local store (what a host shows) -------------------------------------
+
+    async def messages(
+        self, conversation: str, *, limit: int = 50, before_seq: int = 0
+    ) -> list[LocalMessage]:
+        """The newest ``limit`` stored messages of a conversation below ``before_seq``
+        (0: the newest), in ascending seq order."""
+        self._check_running()
+        return await self.store.messages(conversation, limit=limit, before_seq=before_seq)
+
+    async def pending(self) -> list[PendingSend]:
+        """This device's unconfirmed sends (parked ones too), oldest first."""
+        self._check_running()
+        return await self.store.pending()
+
+    async def conversations(self) -> list[ConversationView]:
+        """The local projection of the conversations, by id."""
+        self._check_running()
+        return await self.store.conversations()
+
     @property
     def cycle(self) -> asyncio.Task[None] | None:
         """The connection cycle's task (for diagnostics), None before ``connect``."""
@@ -220,6 +252,23 @@ class ClientRuntime:
         task = self._supervisor
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+
+    def fail(self, reason: str) -> None:
+        """The connection cycle cannot go on: stop, say why (CLOSED with
+        ``reason``), and end the events so ``next_event`` raises RuntimeStopped."""
+        self._stopped = True
+        if self._state is not ConnectionState.CLOSED:
+            self.set_state(ConnectionState.CLOSED, reason)
+        self._events.close()
+
+    async def repair_store(self, damage: LocalStoreFailure) -> None:
+        """The store was found damaged in use: reset it as an open would (pending
+        sends kept), bind it again, and report ``LocalStoreReset``."""
+        report = await self.store.repair(str(damage))
+        self.expired.clear()
+        self.sync_wanted.clear()
+        await self.store.bind_account(self.account)
+        self.emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
 
     def hit(self, point: ClientPoint) -> None:
         try:
@@ -245,14 +294,20 @@ class ClientRuntime:
 
     async def send_message(self, message: SendMessage) -> PendingSend:
         """Persist ``message`` as pending (atomically, before any network I/O) and
-        queue it; the outcome arrives as SendConfirmed or SendFailed."""
+        queue it; the outcome arrives as SendConfirmed or SendFailed.
+
+        Idempotent by ``message.cmid`` (the host's own send id): the same send
+        again returns the stored pending send, or one with ``confirmed`` set if
+        it already went through; it is never queued twice. A cancelled call may
+        or may not have persisted the send (the write runs on the store's
+        thread and is not undone): call again with the same cmid to know."""
         account, _ = self._require()
         send = AuthenticatedSend(
             tenant=account.tenant,
             sender=account.user,
             device=account.device,
             conversation=message.conversation,
-            cmid=message.cmid,
+            cmid=message.cmid or new_client_message_id(account.device),
             content=message.content,
             mentions=tuple(message.mentions),
             reply_to=message.reply_to,
@@ -262,6 +317,8 @@ class ClientRuntime:
         except InvalidRequest as exc:
             raise InvalidArgument(str(exc)) from None
         pending = await self.store.persist_pending(send, self.now_ms())
+        if pending.confirmed:
+            return pending
         self.hit(ClientPoint.AFTER_PERSIST)
         self.wake.set()
         return pending
@@ -274,10 +331,25 @@ class ClientRuntime:
         return again
 
     async def confirm(self, pending: PendingSend, message: CommittedMessage, via: Via) -> None:
-        """Resolve ``pending`` with the server's coordinates and report it once."""
+        """Resolve ``pending`` with the server's answer to this very send (its ACK
+        or ResumeExisting: the server compared the identity) and report it once."""
         resolved = await self.store.resolve_pending(message, pending.send.content)
         if resolved is not None:
             self.emit(SendConfirmed(pending.cmid, message, via))
+
+    async def settle_found(self, pending: PendingSend, found: MessageRecord) -> None:
+        """A stored message with the pending send's sender and cmid: it confirms
+        the send only when its identity is the send's; another identity (another
+        device's message, other content) means the server refuses this send."""
+        if not codec.same_identity(found, pending.send):
+            await self.store.park_pending(pending.cmid, CONFLICT_PROBLEM)
+            self.emit(SendFailed(pending.cmid, pending.conversation, *_conflict()))
+            return
+        r = found
+        committed = CommittedMessage(r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms)
+        resolved = await self.store.resolve_pending(committed, found.content)
+        if resolved is not None:
+            self.emit(SendConfirmed(pending.cmid, committed, "mailbox"))
 
     # --- batches --------------------------------------------------------------------------
 
@@ -298,6 +370,8 @@ class ClientRuntime:
             self.emit(MessagesAdded(applied.added, source))
         for c in applied.confirmed:
             self.emit(SendConfirmed(c.cmid, c.message, source))
+        for k in applied.conflicts:
+            self.emit(SendFailed(k.cmid, k.conversation, *_conflict()))
 
     # --- pulls ------------------------------------------------------------------------------
 
@@ -324,10 +398,8 @@ class ClientRuntime:
             raise Offline("no server connection right now; the runtime is reconnecting")
         try:
             return await call(api)
-        except Unavailable as exc:
-            raise Offline("the server is unavailable; the runtime is reconnecting") from exc
         except CommitError as exc:
-            raise ServerRejected(exc) from None
+            raise pull_failure(exc) from None
 
     # --- REBUILD ----------------------------------------------------------------------------
 
@@ -335,6 +407,10 @@ class ClientRuntime:
         """Entered only from CursorExpired: fetch the authoritative conversation list
         and backfill each affected conversation's history (pending sends and local
         messages are kept). ``finish_rebuild`` ends it."""
+        async with self._rebuild_lock:  # one entry point at a time
+            return await self._begin_rebuild(expired)
+
+    async def _begin_rebuild(self, expired: ExpiredCursor) -> RebuildPlan:
         account, api = self._require()
         if expired.lane not in self.expired:
             raise RebuildNotAllowed("begin_rebuild is entered only from CursorExpired")
@@ -360,12 +436,18 @@ class ClientRuntime:
         """Store the lane's new cursor; sync goes on from there and pending sends
         are reconciled next."""
         self._require()
-        if cursor.lane not in self.expired:
-            raise RebuildNotAllowed("finish_rebuild follows begin_rebuild")
-        await self.store.finish_rebuild(cursor)
-        del self.expired[cursor.lane]
-        self.emit(RebuildFinished(cursor, self._backfilled))
-        self._backfilled = 0
+        async with self._rebuild_lock:  # one entry point at a time
+            expired = self.expired.get(cursor.lane)
+            if expired is None:
+                raise RebuildNotAllowed("finish_rebuild follows begin_rebuild")
+            if (cursor.epoch, cursor.seq) != (expired.epoch, expired.trim_watermark):
+                raise RebuildNotAllowed(
+                    "finish_rebuild takes the cursor the expiry named (epoch, trim watermark)"
+                )
+            await self.store.finish_rebuild(cursor)
+            del self.expired[cursor.lane]
+            self.emit(RebuildFinished(cursor, self._backfilled))
+            self._backfilled = 0
 
     async def list_conversations(
         self, api: ServerApi, account: ConnectRequest
@@ -409,3 +491,8 @@ class ClientRuntime:
             if done:
                 break
         return added
+
+
+def _conflict() -> tuple[str, str]:
+    error, _, message = CONFLICT_PROBLEM.partition(": ")
+    return error, message

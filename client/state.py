@@ -57,7 +57,8 @@ class Backoff:
     """Jittered exponential delays between reconnect attempts.
 
     The n-th delay is uniform in [d/2, d] with d = min(initial * 2**n, maximum);
-    ``reset`` after a connection reached ONLINE.
+    ``reset`` once a connection stayed ONLINE for a stable period with a
+    successful round trip (``Supervisor.online``), never merely on reaching it.
     """
 
     def __init__(self, initial_s: float, maximum_s: float, rng: random.Random) -> None:
@@ -86,6 +87,10 @@ class Liveness:
 
     def seen(self, now: float) -> None:
         self._last = now
+
+    def seen_since(self, moment: float) -> bool:
+        """Whether the stream showed a sign of life after ``moment``."""
+        return self._last > moment
 
     def expired(self, now: float) -> bool:
         return now - self._last > self._timeout

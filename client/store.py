@@ -43,6 +43,18 @@ class Confirmation:
 
 
 @dataclass(frozen=True, slots=True)
+class Conflict:
+    """A pending send parked because a message with its cmid and another identity
+    (another device's, other content) is committed: the server refuses it."""
+
+    cmid: str
+    conversation: str
+
+
+CONFLICT_PROBLEM = "IdempotencyConflict: the cmid is committed with other content"
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     """What one applied batch (a mailbox page or a history page) changed."""
 
@@ -50,6 +62,8 @@ class Applied:
     """Messages new to the store, other than this device's confirmed sends."""
     confirmed: tuple[Confirmation, ...] = ()
     """Pending sends the batch showed committed (their own message arrived)."""
+    conflicts: tuple[Conflict, ...] = ()
+    """Pending sends the batch parked: their cmid arrived with another identity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +73,7 @@ class ResetReport:
     reason: str
     kept_pending: int
     lost_pending: bool = False
+    """True when the pending table, or a row of it, could not be read."""
 
 
 class LocalStore(abc.ABC):
@@ -77,8 +92,8 @@ class LocalStore(abc.ABC):
     @abc.abstractmethod
     async def persist_pending(self, send: AuthenticatedSend, now_ms: int) -> PendingSend:
         """Write ``send`` as pending (durably) before anything is sent. The same send
-        again returns the stored one; another send with its cmid is
-        DuplicateClientMessageId."""
+        again returns the stored one (``confirmed`` when it is already
+        committed); another send with its cmid is DuplicateClientMessageId."""
 
     @abc.abstractmethod
     async def mark_attempt(self, cmid: str, now_ms: int) -> None:
@@ -90,11 +105,16 @@ class LocalStore(abc.ABC):
 
     @abc.abstractmethod
     async def unpark_pending(self, cmid: str) -> bool:
-        """Make a parked send pending again; False when there is none."""
+        """Make a parked send pending again, its attempt count back at 0 (its first
+        attempt's time is kept); False when there is none."""
 
     @abc.abstractmethod
     async def discard_pending(self, cmid: str) -> bool:
         """Drop a pending (usually parked) send; False when there is none."""
+
+    @abc.abstractmethod
+    async def next_sendable(self) -> PendingSend | None:
+        """The oldest pending send that is not parked (one indexed read)."""
 
     @abc.abstractmethod
     async def pending(self) -> list[PendingSend]:
@@ -126,7 +146,8 @@ class LocalStore(abc.ABC):
 
     @abc.abstractmethod
     async def find_own(self, sender: str, cmid: str) -> LocalMessage | None:
-        """The stored message of (sender, cmid), if the store has it."""
+        """The stored message of (sender, cmid), if the store has it (any device,
+        any content: compare its identity before taking it for a send)."""
 
     @abc.abstractmethod
     async def messages(
@@ -179,6 +200,11 @@ class LocalStore(abc.ABC):
     @abc.abstractmethod
     async def reset_for_rebuild(self, reason: str) -> ResetReport:
         """Drop cursors and every rebuildable table together; keep pending sends."""
+
+    @abc.abstractmethod
+    async def repair(self, reason: str) -> ResetReport:
+        """Reset a store found damaged while in use, as a reset on open does (the
+        pending sends that can be read are kept, the rest is dropped)."""
 
     @abc.abstractmethod
     async def close(self) -> None:

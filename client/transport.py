@@ -193,26 +193,7 @@ class GrpcServerApi(ServerApi):
             cursor=xpb.MailboxCursor(lane=cursor.lane, epoch=cursor.epoch, seq=cursor.seq),
             limit=limit,
         )
-        r = await self._unary(self._mailbox.Sync, request)
-        events = tuple(
-            MailboxEvent(
-                e.seq,
-                e.group_id,
-                convert.record_from_proto(e.message_added.message),
-                e.delivered_ts_ms,
-            )
-            for e in r.events
-            if e.WhichOneof("event") == "message_added"
-        )
-        c = r.next_cursor
-        return MailboxPage(
-            lane=cursor.lane,
-            events=events,
-            next_cursor=MailboxCursor(c.lane, c.epoch, c.seq),
-            more=r.more,
-            trim_watermark=r.trim_watermark,
-            head=r.head,
-        )
+        return page_of(cursor, await self._unary(self._mailbox.Sync, request))
 
     async def subscribe(
         self, tenant: str, user: str, heartbeat_s: int
@@ -236,6 +217,29 @@ class GrpcServerApi(ServerApi):
             return await method(request, timeout=self._timeout)
         except aio.AioRpcError as err:
             raise _error(err) from None
+
+
+def page_of(cursor: MailboxCursor, r: xpb.SyncResponse) -> MailboxPage:
+    """A Sync answer as a page. An event of a kind this runtime does not know (a
+    newer server's) is kept as opaque bytes with its seq and group, so the page
+    has no gap and the cursor moves past it; it adds no message."""
+    events = tuple(
+        MailboxEvent(
+            e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
+        )
+        if e.WhichOneof("event") == "message_added"
+        else MailboxEvent(e.seq, e.group_id, None, e.delivered_ts_ms, e.SerializeToString())
+        for e in r.events
+    )
+    c = r.next_cursor
+    return MailboxPage(
+        lane=cursor.lane,
+        events=events,
+        next_cursor=MailboxCursor(c.lane, c.epoch, c.seq),
+        more=r.more,
+        trim_watermark=r.trim_watermark,
+        head=r.head,
+    )
 
 
 def _error(err: aio.AioRpcError) -> Exception:

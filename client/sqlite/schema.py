@@ -11,30 +11,46 @@ version  change
 1        meta (the bound account), pending, messages, conversations, cursors
 2        rebuilds (a REBUILD begun and not finished) and backfills (its progress
          per conversation); messages by (sender, cmid)
+3        pending by (parked, position): the next send is one indexed read, so
+         draining a queue is linear
 =======  ====================================================================
 
 The ``pending`` table's columns are frozen across versions: a reset (and a
 runtime of any later version) can always read ``cmid`` and ``send``.
 
-A database the runtime cannot use (not a database, a version newer than
-``LATEST``, a failed migration, a table without its columns) is *reset*:
-the pending sends that can still be read are kept, everything else (the
-account binding, messages, the projection, cursors) is dropped, the old
-files are kept beside it as ``<name>.before-reset``. Order, so that a crash
-at any point leaves either the old or the new database in place: build the
-new one as ``<name>.new``, move the old files aside, move the new one in; an
-open that finds only ``<name>.new`` finishes the move.
+A database the runtime cannot use (not a database, corrupt pages that
+``PRAGMA quick_check`` finds, a version newer than ``LATEST``, a migration
+that fails deterministically, a table without its columns) is *reset*: the
+pending sends that can still be read are kept, everything else (the account
+binding, messages, the projection, cursors) is dropped, the old files are
+kept beside it as ``<name>.before-reset``. A transient error (busy, locked,
+I/O, disk full, cannot open, read-only: ``is_transient``) is never a reason
+to reset: it is raised, and the file is left as it was.
+
+Reset order, so that a crash at any point leaves either the old database
+(main file with its own WAL) or the new one, and never the new main file
+beside the old WAL (SQLite would replay the old pages onto it):
+
+1. build the new database as ``<name>.new`` (rollback journal, so it is one
+   file when closed), fsynced;
+2. move the old main file aside (``<name>.before-reset``);
+3. move the old ``-wal`` and ``-shm`` aside, then fsync the directory;
+4. move ``<name>.new`` in, fsync the directory.
+
+An open that finds ``<name>.new`` and no main file (a crash after step 2)
+repeats steps 3 and 4; before step 2 the old files are intact and the stale
+``.new`` is rebuilt by the next reset.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.errors import LocalSchemaError
+from client.errors import LocalSchemaError, LocalStoreCorrupt
 
 V1 = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -99,7 +115,8 @@ V2 = (
         PRIMARY KEY (lane, conversation)
     )""",
 )
-MIGRATIONS: tuple[tuple[str, ...], ...] = (V1, V2)
+V3 = ("CREATE INDEX pending_by_state ON pending (parked, position)",)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (V1, V2, V3)
 LATEST = len(MIGRATIONS)
 
 EXPECTED_COLUMNS: dict[str, frozenset[str]] = {
@@ -161,9 +178,51 @@ PENDING_COLUMNS = (
 )
 
 
-def connect(path: str, synchronous: str) -> sqlite3.Connection:
+_TRANSIENT = frozenset(
+    {
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_INTERRUPT,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_NOLFS,
+        sqlite3.SQLITE_AUTH,
+    }
+)
+_CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+def is_transient(exc: sqlite3.Error) -> bool:
+    """An error of the moment (busy, locked, I/O, full, cannot open), not of the
+    file: never a reason to reset. An error without a code counts as transient."""
+    code = _primary_code(exc)
+    return code is None or code in _TRANSIENT
+
+
+def is_corrupt(exc: sqlite3.Error) -> bool:
+    """The file is not a database or has a damaged page."""
+    return _primary_code(exc) in _CORRUPT
+
+
+QUICK_CHECK_ERRORS = 10
+"""``PRAGMA quick_check(N)`` stops after N problems (a bound on its report)."""
+
+
+def connect(path: str, synchronous: str, busy_timeout_s: float = 5.0) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL for files."""
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    db = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+    )
     try:
         if path != ":memory:":
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -183,8 +242,9 @@ def version_of(db: sqlite3.Connection) -> int:
 def migrate(db: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRATIONS) -> int:
     """Bring ``db`` to the latest version, step by step; the version it had before.
 
-    LocalSchemaError when it is newer than this runtime or a step fails (that
-    step is rolled back; earlier steps stay).
+    LocalSchemaError when it is newer than this runtime or a step fails
+    deterministically (that step is rolled back; earlier steps stay); a
+    transient error (``is_transient``) is raised as it is.
     """
     start = version_of(db)
     if start > len(migrations):
@@ -199,11 +259,20 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRAT
             db.execute(f"PRAGMA user_version = {target}")
         except sqlite3.Error as exc:
             db.execute("ROLLBACK")
+            if is_transient(exc):
+                raise  # not the migration's fault: the file stays as it is
             raise LocalSchemaError(
                 f"the local migration to version {target} failed ({type(exc).__name__})"
             ) from exc
         db.execute("COMMIT")
     return start
+
+
+def quick_check(db: sqlite3.Connection) -> None:
+    """LocalStoreCorrupt when SQLite's ``quick_check`` finds a damaged page."""
+    rows = db.execute(f"PRAGMA quick_check({QUICK_CHECK_ERRORS})").fetchall()
+    if [tuple(r) for r in rows] != [("ok",)]:
+        raise LocalStoreCorrupt(f"the local store has damaged pages ({len(rows)} found)")
 
 
 def verify(db: sqlite3.Connection) -> None:
@@ -222,11 +291,13 @@ class Salvage:
     rows: tuple[tuple[object, ...], ...]
     """Pending rows in PENDING_COLUMNS order, ``send`` as the stored bytes."""
     lost: bool
-    """True when the pending table could not be read at all."""
+    """True when the pending table, or a row of it, could not be read."""
 
 
-def salvage_pending(path: Path) -> Salvage:
-    """The pending rows of a database about to be reset, as far as they can be read."""
+def salvage_pending(path: Path, readable: Callable[[bytes], bool]) -> Salvage:
+    """The pending rows of a database about to be reset, as far as they can be
+    read: a row whose ``send`` is not ``readable`` (does not decode) is dropped,
+    and ``lost`` says so."""
     try:
         db = sqlite3.connect(str(path), isolation_level=None, timeout=5.0)
     except sqlite3.Error:
@@ -236,15 +307,14 @@ def salvage_pending(path: Path) -> Salvage:
             rows = db.execute(
                 f"SELECT {', '.join(PENDING_COLUMNS)} FROM pending ORDER BY position"
             ).fetchall()
-            return Salvage(tuple(tuple(r) for r in rows), False)
         except sqlite3.Error:
-            pass
-        try:  # the frozen core columns only
-            core = db.execute("SELECT cmid, send FROM pending ORDER BY rowid").fetchall()
-        except sqlite3.Error:
-            return Salvage((), True)
-        rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
-        return Salvage(tuple(rows), False)
+            try:  # the frozen core columns only
+                core = db.execute("SELECT cmid, send FROM pending ORDER BY rowid").fetchall()
+            except sqlite3.Error:
+                return Salvage((), True)
+            rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
+        kept = tuple(tuple(r) for r in rows if isinstance(r[3], bytes) and readable(r[3]))
+        return Salvage(kept, len(kept) < len(rows))
     finally:
         db.close()
 
@@ -255,10 +325,11 @@ def sidecars(path: Path, suffix: str = "") -> list[Path]:
 
 
 def finish_interrupted_reset(path: Path) -> None:
-    """A reset that crashed after moving the old files aside: move the new one in."""
+    """A reset that crashed after moving the old main file aside: move the old
+    WAL and shm aside too (steps 3), then the new file in (step 4)."""
     new = path.with_name(path.name + ".new")
     if new.exists() and not path.exists():
-        os.replace(new, path)
+        _swap_in(path, new)
 
 
 def rebuild_file(path: Path, rows: Sequence[Sequence[object]]) -> None:
@@ -280,11 +351,23 @@ def rebuild_file(path: Path, rows: Sequence[Sequence[object]]) -> None:
         db.execute("COMMIT")
     finally:
         db.close()
-    for old, aside in zip(sidecars(path), sidecars(path, ".before-reset"), strict=True):
+    _fsync_dir(path.parent)
+    main_aside = sidecars(path, ".before-reset")[0]
+    for stale in sidecars(path, ".before-reset"):  # an earlier reset's old files
+        stale.unlink(missing_ok=True)
+    if path.exists():
+        os.replace(path, main_aside)  # step 2
+    _swap_in(path, new)
+
+
+def _swap_in(path: Path, new: Path) -> None:
+    """Steps 3 and 4: the old WAL and shm aside (durably), then the new file in."""
+    _, wal, shm = sidecars(path)
+    _, wal_aside, shm_aside = sidecars(path, ".before-reset")
+    for old, aside in ((wal, wal_aside), (shm, shm_aside)):
         if old.exists():
             os.replace(old, aside)
-        else:
-            aside.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
     os.replace(new, path)
     _fsync_dir(path.parent)
 

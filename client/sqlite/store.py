@@ -27,12 +27,15 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from google.protobuf.message import DecodeError
+
 from client import codec
 from client.errors import (
     AccountMismatch,
     DuplicateClientMessageId,
     LocalSchemaError,
     LocalStoreBusy,
+    LocalStoreCorrupt,
     LocalStoreFailure,
 )
 from client.faults import ClientFaults, ClientPoint
@@ -50,7 +53,14 @@ from client.model import (
     PendingSend,
 )
 from client.sqlite import schema
-from client.store import Applied, Confirmation, LocalStore, ResetReport
+from client.store import (
+    CONFLICT_PROBLEM,
+    Applied,
+    Confirmation,
+    Conflict,
+    LocalStore,
+    ResetReport,
+)
 from service.domain.model import (
     AuthenticatedSend,
     CommittedMessage,
@@ -82,10 +92,21 @@ _PROJECT = (
 
 
 async def open_local_store(
-    path: str | Path, *, synchronous: str = "FULL", faults: ClientFaults | None = None
+    path: str | Path,
+    *,
+    synchronous: str = "FULL",
+    faults: ClientFaults | None = None,
+    busy_timeout_s: float = 5.0,
 ) -> SqliteLocalStore:
-    """Open (creating, migrating or, if it is unusable, resetting) the store at ``path``."""
-    return await asyncio.to_thread(_open, Path(path), synchronous, faults)
+    """Open (creating, migrating or, if it is unusable, resetting) the store at
+    ``path`` (``~`` expanded; ``":memory:"`` is refused: a test that wants a
+    store in memory picks ``in_memory_store_for_test``).
+
+    A transient error (locked or busy past ``busy_timeout_s``, I/O, disk full)
+    raises LocalStoreFailure and leaves the file as it was."""
+    if str(path) == ":memory:":
+        raise ValueError("a store in memory is lost with the object: in_memory_store_for_test()")
+    return await asyncio.to_thread(_open, Path(path), synchronous, faults, busy_timeout_s)
 
 
 def in_memory_store_for_test(faults: ClientFaults | None = None) -> SqliteLocalStore:
@@ -95,39 +116,68 @@ def in_memory_store_for_test(faults: ClientFaults | None = None) -> SqliteLocalS
     return SqliteLocalStore(db, persistent=False, faults=faults)
 
 
-def _open(path: Path, synchronous: str, faults: ClientFaults | None) -> SqliteLocalStore:
+def _open(
+    path: Path, synchronous: str, faults: ClientFaults | None, busy_timeout_s: float
+) -> SqliteLocalStore:
     if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
         raise ValueError("synchronous must be FULL, NORMAL or EXTRA")
+    path = path.expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = _lock(path)
     try:
         schema.finish_interrupted_reset(path)
         report = None
         try:
-            db = _open_checked(path, synchronous)
+            db = _open_checked(path, synchronous, busy_timeout_s)
         except (LocalSchemaError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.Error) and schema.is_transient(exc):
+                raise _transient(exc) from exc
             reason = str(exc) if isinstance(exc, LocalSchemaError) else _unusable(exc)
-            salvage = schema.salvage_pending(path)
-            schema.rebuild_file(path, salvage.rows)
-            report = ResetReport(reason, len(salvage.rows), salvage.lost)
-            db = _open_checked(path, synchronous)
+            report = _reset(path, reason)
+            db = _open_checked(path, synchronous, busy_timeout_s)
     except BaseException:
         lock.close()
         raise
-    store = SqliteLocalStore(db, persistent=True, lock=lock, faults=faults)
+    store = SqliteLocalStore(
+        db, persistent=True, lock=lock, faults=faults, path=path, synchronous=synchronous
+    )
     store.reset_report = report
     return store
 
 
-def _open_checked(path: Path, synchronous: str) -> sqlite3.Connection:
-    db = schema.connect(str(path), synchronous)
+def _reset(path: Path, reason: str) -> ResetReport:
+    """Rebuild the file at ``path`` keeping the pending sends that can be read
+    (``schema`` says how a crash in the middle is safe)."""
+    salvage = schema.salvage_pending(path, _decodes)
+    schema.rebuild_file(path, salvage.rows)
+    return ResetReport(reason, len(salvage.rows), salvage.lost)
+
+
+def _open_checked(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
+    db = schema.connect(str(path), synchronous, busy_timeout_s)
     try:
+        schema.quick_check(db)
         schema.migrate(db)
         schema.verify(db)
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _decodes(send: bytes) -> bool:
+    try:
+        codec.send_from_bytes(send)
+    except (DecodeError, ValueError):
+        return False
+    return True
+
+
+def _transient(exc: sqlite3.Error) -> LocalStoreFailure:
+    return LocalStoreFailure(
+        f"the local store could not be opened now ({type(exc).__name__}: {exc});"
+        " the file was left as it is"
+    )
 
 
 def _unusable(exc: sqlite3.DatabaseError) -> str:
@@ -152,9 +202,13 @@ class SqliteLocalStore(LocalStore):
         persistent: bool,
         lock: IO[bytes] | None = None,
         faults: ClientFaults | None = None,
+        path: Path | None = None,
+        synchronous: str = "FULL",
     ) -> None:
         self._db: sqlite3.Connection | None = db
         self.persistent = persistent
+        self._path = path
+        self._synchronous = synchronous
         self._lock = lock
         self._faults = faults or ClientFaults()
         self._user = ""
@@ -169,7 +223,12 @@ class SqliteLocalStore(LocalStore):
             try:
                 return work(self._db)
             except sqlite3.Error as exc:
-                raise LocalStoreFailure(f"local store: {type(exc).__name__}: {exc}") from exc
+                text = f"local store: {type(exc).__name__}: {exc}"
+                if schema.is_corrupt(exc):
+                    raise LocalStoreCorrupt(text) from exc
+                raise LocalStoreFailure(text) from exc
+            except DecodeError as exc:  # a stored blob that no longer parses
+                raise LocalStoreCorrupt("local store: a stored row does not decode") from exc
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
@@ -183,6 +242,20 @@ class SqliteLocalStore(LocalStore):
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    async def repair(self, reason: str) -> ResetReport:
+        def reset() -> ResetReport:
+            if self._db is None or self._path is None:
+                raise LocalStoreFailure("only an open file store can be repaired")
+            self._db.close()
+            self._db = None
+            report = _reset(self._path, reason)
+            self._db = _open_checked(self._path, self._synchronous, 5.0)
+            return report
+
+        report = await asyncio.get_running_loop().run_in_executor(self._pool, reset)
+        self.reset_report = report
+        return report
 
     async def close(self) -> None:
         def shut(db: sqlite3.Connection) -> None:
@@ -229,7 +302,10 @@ class SqliteLocalStore(LocalStore):
                             "client_message_id is pending for a different send"
                         )
                     return _pending(row)
-                if _own(db, send.sender, send.cmid) is not None:
+                own = _own(db, send.sender, send.cmid)
+                if own is not None:
+                    if codec.same_identity(own.record, send):  # a repeat of a send that went
+                        return PendingSend(send, now_ms, confirmed=True)
                     raise DuplicateClientMessageId("client_message_id was already committed")
                 db.execute(
                     "INSERT INTO pending (cmid, position, conversation, send, created_ms)"
@@ -255,7 +331,8 @@ class SqliteLocalStore(LocalStore):
     async def unpark_pending(self, cmid: str) -> bool:
         return (
             await self._update(
-                "UPDATE pending SET parked = 0, problem = '' WHERE cmid = ? AND parked = 1",
+                "UPDATE pending SET parked = 0, problem = '', attempts = 0"
+                " WHERE cmid = ? AND parked = 1",
                 (cmid,),
             )
             > 0
@@ -270,6 +347,15 @@ class SqliteLocalStore(LocalStore):
                 return db.execute(sql, args).rowcount
 
         return await self._run(update)
+
+    async def next_sendable(self) -> PendingSend | None:
+        def read(db: sqlite3.Connection) -> PendingSend | None:
+            row = db.execute(
+                _PENDING_SELECT + " WHERE parked = 0 ORDER BY position LIMIT 1"
+            ).fetchone()
+            return _pending(row) if row else None
+
+        return await self._run(read)
 
     async def pending(self) -> list[PendingSend]:
         def read(db: sqlite3.Connection) -> list[PendingSend]:
@@ -303,7 +389,7 @@ class SqliteLocalStore(LocalStore):
     # --- batches -------------------------------------------------------------------------
 
     async def apply_mailbox_page(self, page: MailboxPage, cursor: MailboxCursor) -> Applied:
-        records = [e.record for e in page.events]
+        records = [e.record for e in page.events if e.record is not None]  # opaque: seq only
 
         def apply(db: sqlite3.Connection) -> Applied:
             with self._tx(db):
@@ -331,8 +417,15 @@ class SqliteLocalStore(LocalStore):
     ) -> Applied:
         added: list[LocalMessage] = []
         confirmed: list[Confirmation] = []
+        conflicts: list[Conflict] = []
         for record in records:
             mine = self._pending_of(db, record)
+            if mine is False:
+                conflicts.append(Conflict(record.cmid, record.conversation))
+                db.execute(
+                    "UPDATE pending SET parked = 1, problem = ? WHERE cmid = ?",
+                    (CONFLICT_PROBLEM, record.cmid),
+                )
             if _insert(db, record, Origin.OWN if mine else origin, lane) and not mine:
                 added.append(LocalMessage(record, origin))
             if mine:
@@ -346,14 +439,22 @@ class SqliteLocalStore(LocalStore):
                         ),
                     )
                 )
-        return Applied(tuple(added), tuple(confirmed))
+        return Applied(tuple(added), tuple(confirmed), tuple(conflicts))
 
-    def _pending_of(self, db: sqlite3.Connection, record: MessageRecord) -> bool:
-        """Whether ``record`` is the commit of this device's pending send of its cmid."""
+    def _pending_of(self, db: sqlite3.Connection, record: MessageRecord) -> bool | None:
+        """Whether ``record`` is the commit of this user's unparked pending send of
+        its cmid: True (its identity), False (the cmid with another identity: a
+        conflict), None (no such pending send)."""
         if record.sender != self._user:
-            return False
-        row = db.execute("SELECT send FROM pending WHERE cmid = ?", (record.cmid,)).fetchone()
-        return row is not None and codec.send_from_bytes(row[0]) == codec.send_of(record)
+            return None
+        row = db.execute(
+            "SELECT send, parked FROM pending WHERE cmid = ?", (record.cmid,)
+        ).fetchone()
+        if row is None:
+            return None
+        if codec.same_identity(record, codec.send_from_bytes(row[0])):
+            return True
+        return None if row[1] else False
 
     # --- reads ------------------------------------------------------------------------------
 

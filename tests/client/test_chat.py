@@ -148,3 +148,40 @@ def test_two_people_chat_in_two_terminals(serve: ServeProcess, tmux: Tmux, tmp_p
     while (tmux.alive("alice") or tmux.alive("bob")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not tmux.alive("alice") and not tmux.alive("bob")
+
+
+def _wait_in(path: Path, texts: list[str], timeout_s: float = SCREEN_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = path.read_text(errors="replace")
+        if all(t in out for t in texts):
+            return out
+        time.sleep(0.1)
+    raise AssertionError(f"{texts!r} not in the chat's output:\n{path.read_text()}")
+
+
+def test_lines_that_arrive_together_are_all_sent(serve: ServeProcess, tmp_path: Path) -> None:
+    """Two lines in one read (pasted, or piped from a script): both go out at once,
+    not only the first (issue 22, item 10)."""
+    create = "conversation create --conversation general --member alice --member bob"
+    made = run_cli([*create.split(), "--target", serve.target, "--tenant", TENANT])
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "alice.out"
+    with out.open("wb") as sink:
+        process = subprocess.Popen(
+            chat(serve, tmp_path, "alice"), stdin=subprocess.PIPE, stdout=sink, stderr=sink
+        )
+    assert process.stdin is not None
+    try:
+        _wait_in(out, ["· online"])
+        process.stdin.write(b"first of two\nsecond of two\n")  # one write, stdin stays open
+        process.stdin.flush()
+        _wait_in(out, ["✓ #1 alice: first of two", "✓ #2 alice: second of two"])
+        process.stdin.write(b"/quit\n")
+        process.stdin.flush()
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        process.stdin.close()

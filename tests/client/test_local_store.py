@@ -37,6 +37,7 @@ from service.domain.model import (
 
 ME = ConnectRequest("acme", "alice", "phone")
 POLL = MessageContent(MessageType.CUSTOM, b"{}", custom_type="poll")
+POLL_OTHER = MessageContent(MessageType.CUSTOM, b'{"q": 1}', custom_type="poll")
 
 
 def send(cmid: str, body: bytes = b"hi", conversation: str = "general") -> AuthenticatedSend:
@@ -176,8 +177,10 @@ async def test_resolve_keeps_type_and_custom_type_once(store: SqliteLocalStore) 
     assert stored.record.content.custom_type == "poll"
     assert stored.record.content.message_type is MessageType.CUSTOM
     assert await store.pending() == []
-    with pytest.raises(DuplicateClientMessageId):
-        await store.persist_pending(poll, 20)
+    again = await store.persist_pending(poll, 20)  # a host's repeat: already through
+    assert again.confirmed and await store.pending() == []
+    with pytest.raises(DuplicateClientMessageId):  # the id, with other content
+        await store.persist_pending(replace(poll, content=POLL_OTHER), 30)
 
 
 async def test_two_messages_at_one_seq_fail_and_write_nothing(store: SqliteLocalStore) -> None:

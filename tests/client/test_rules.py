@@ -9,9 +9,10 @@ import grpc
 import pytest
 
 from client import ConnectionState, EventsDropped, InvalidMailboxPage, MailboxCursor, MailboxPage
+from client.errors import Offline, ServerRejected
 from client.events import ConnectionChanged, EventQueue
 from client.model import MailboxEvent
-from client.outcomes import Outcome, classify, is_timeout, retry_wait_s
+from client.outcomes import Outcome, classify, is_timeout, pull_failure, retry_wait_s
 from client.pages import backfill_done, check_page, lanes_to_sync
 from client.state import TRANSITIONS, Backoff, IllegalStateChange, Liveness, check_transition
 from service.api.errors import RemoteError, RequestTooLarge
@@ -166,3 +167,21 @@ async def test_the_event_queue_drops_the_oldest_and_says_so() -> None:
     assert await q.get() == EventsDropped(1)
     assert await q.get() == ConnectionChanged(ConnectionState.SYNCING)
     assert await q.get() == ConnectionChanged(ConnectionState.ONLINE)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (RemoteError(grpc.StatusCode.DEADLINE_EXCEEDED, "late"), Offline),
+        (RemoteError(grpc.StatusCode.CANCELLED, "cut"), Offline),
+        (RemoteError(grpc.StatusCode.INTERNAL, "internal error"), Offline),
+        (Unavailable("x"), Offline),
+        (QuotaExceeded("x", 0.5), Offline),
+        (NotAMember("x"), ServerRejected),
+    ],
+)
+def test_a_failed_pull_is_retryable_unless_the_server_refused(
+    error: Exception, raised: type[Exception]
+) -> None:
+    """Issue 22, item 11: a pull's error says whether trying again can help."""
+    assert type(pull_failure(error)) is raised
