@@ -77,6 +77,7 @@ async def test_a_settle_costs_the_same_with_a_full_settle_window() -> None:
         held.sending[u] = _entry(u, n)  # what a claim records
         held.high = u
         clock.now = base + n + 1  # settled as soon as published: acked trails by the window
+        held.covered_ms = clock.now - WINDOW_MS  # what the relay's sweep for late entries proved
         if n in (100, ENTRIES - 100):
             counts[n] = await _lines_of_settle(parts, lease, str(u))
         else:
