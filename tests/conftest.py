@@ -19,26 +19,49 @@ pytest_plugins = [
 CQL_FIXTURES = frozenset({"cql_server", "cql_cluster"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``scripts/test.sh`` runs two workers), every case that
-    reaches a CQL server runs on one worker: the session's Cassandra node and
-    3-node cluster are started once, not once per worker (each takes 1-2 GiB
-    and a minute of CPU). The rest, redis-servers included (cheap, one per
-    worker), is spread over both workers; a module whose cases share a module-scoped
-    fixture (a served backend, say) keeps them on one worker."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``scripts/test.sh`` runs two workers with ``--dist
+    loadgroup``), every case that reaches a CQL server runs on one worker: the
+    session's Cassandra node and 3-node cluster are started once, not once per
+    worker (each takes 1-2 GiB and a minute of CPU). The rest, redis-servers
+    included (cheap, one per worker), is spread over both workers; a module whose
+    cases share a module-scoped fixture (a served backend, say) keeps them on one
+    worker. The group is written into the node id as xdist itself does (``id@group``)."""
+    if not config.getvalue("loadgroup"):
+        return
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        callspec = getattr(item, "callspec", None)
-        param_ids = str(callspec.id) if callspec is not None else ""
-        on_cql = (
-            bool(names & CQL_FIXTURES)
-            or item.get_closest_marker("scylla") is not None
-            or (item.get_closest_marker("cluster") is not None and "scylla" in param_ids)
-        )
-        if on_cql:
-            item.add_marker(pytest.mark.xdist_group("cql"))
-        elif _uses_module_fixture(item):  # set up once, on one worker
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        group = _group_of(item)
+        if group:
+            _rename(item, f"{item.nodeid}@{group}")
+
+
+def _rename(item: pytest.Item, nodeid: str) -> None:
+    """Give ``item`` the node id xdist's loadgroup scheduler reads its group from.
+    pytest 9 keeps the id in ``_id`` (xdist 3.8 still writes ``_nodeid``, which pytest
+    9 no longer reads, so its own ``xdist_group`` marks group nothing)."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        setattr(item, "_id", coerce_node_id(nodeid))  # noqa: B010 (a private slot)
+    else:
+        setattr(item, "_nodeid", nodeid)  # noqa: B010
+    assert item.nodeid == nodeid, "pytest changed how a node keeps its id"
+
+
+def _group_of(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    param_ids = str(callspec.id) if callspec is not None else ""
+    if (
+        names & CQL_FIXTURES
+        or item.get_closest_marker("scylla") is not None
+        or (item.get_closest_marker("cluster") is not None and "scylla" in param_ids)
+    ):
+        return "cql"
+    if _uses_module_fixture(item):  # set up once, on one worker
+        return item.nodeid.split("::", 1)[0]
+    return ""
 
 
 def _uses_module_fixture(item: pytest.Item) -> bool:
