@@ -13,7 +13,12 @@ from __future__ import annotations
 import pytest
 
 from service.domain.committer import MessageCommitter
-from service.domain.errors import CommitAbandoned, CommitNotFound, NotQuarantined
+from service.domain.errors import (
+    CommitAbandoned,
+    CommitNotFound,
+    InvalidRequest,
+    NotQuarantined,
+)
 from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.ids import CommitKey
 from service.domain.model import AbandonOutcome, Direction, HistoryPage, HistoryQuery
@@ -63,6 +68,9 @@ async def test_an_abandoned_intent_ends_refused_as_a_permanent_gap_and_unpinned(
     for key in not_quarantined:  # refused, and nothing changes
         with pytest.raises(NotQuarantined):
             await c.abandon_quarantined(key, "ops-anna", "wrong key")
+    for operator, reason in (("ops-anna", "  "), ("", "why"), ("ops-anna", "x" * 501)):
+        with pytest.raises(InvalidRequest):  # no audit record, no abandon
+            await c.abandon_quarantined(poison.key, operator, reason)
     assert await c.commit_send(second) == acks[0]
     assert (await c.recovery_item(poison.key)).quarantined
 
