@@ -55,6 +55,7 @@ PROBES: tuple[Probe, ...] = (
         "eviction set at run time: Commit still ACKed",
         probes_round2.eviction_set_at_run_time,
     ),
+    Probe("r2-7", "a quarantined intent can never end", probes_round2.quarantine_has_an_end),
 )
 
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.ab.parts import Outcome, ProbeError, RedisServer, Serve, Tree, clean_env, run
-from tests.ab.probes_redis import TENANT
-from tests.ab.rpc import ack, commit, create_conversation, send, wait_health
+from tests.ab.parts import (
+    Outcome,
+    ProbeError,
+    RedisServer,
+    Serve,
+    Tree,
+    clean_env,
+    run,
+    setup_redis,
+)
+from tests.ab.probes_redis import TENANT, _leave_unfinished, _rewrite_record
+from tests.ab.rpc import ack, commit, create_conversation, recover_due, send, wait_health
 
 READINESS_S = 0.5
 
@@ -57,3 +66,32 @@ def wiped_and_migrated_again(tree: Tree, work: Path) -> Outcome:
     same = retried.ok and ack(retried) == ack(first)
     seen = f"seq={ack(retried)[0]} new id" if retried.ok and not same else str(retried)
     return Outcome(not retried.ok or same, f"migrate exit {again.returncode}; retry {seen}")
+
+
+def quarantine_has_an_end(tree: Tree, work: Path) -> Outcome:
+    """Issue 24 item 7: an undecodable intent is quarantined (RecoverDue), then
+    ``message-committer quarantine abandon``: a retry of its send must get a
+    definite FAILED_PRECONDITION (not UNAVAILABLE, retry forever) and no seq of
+    the conversation may stay pinned against retention."""
+    with RedisServer(work / "redis") as redis:
+        setup_redis(tree, redis.url)
+        args = ["--backend", "redis", "--recovery-interval", "1h"]
+        with Serve(tree, args, {"MC_REDIS_URL": redis.url}, log_path=work / "serve.log") as s:
+            if not create_conversation(s.target, TENANT, "c1", "alice", "bob").ok:
+                raise ProbeError("CreateConversation failed")
+            _leave_unfinished(redis, s.target, ["poison-1"])
+            _rewrite_record(redis, "poison-1", y="hologram")  # a type a newer release may write
+            if not commit(s.target, send(TENANT, "c1", "fine-1", "fine")).ok:
+                raise ProbeError("the commit after the poison failed")
+            recovered = recover_due(s.target)  # release 1: the poison fails the whole run
+            abandoned = run(
+                [tree.cli, "quarantine", "abandon", "--target", s.target, "--tenant", TENANT,
+                 "--sender", "alice", "--cmid", "poison-1", "--reason", "a/b probe"],
+                env=clean_env({}), timeout=60,
+            )  # fmt: skip
+            retried = commit(s.target, send(TENANT, "c1", "poison-1", "body of poison-1"))
+        pinned = sum(redis.admin.zcard(k) for k in redis.admin.scan_iter(match="*:p:ab:c1"))
+    held = abandoned.returncode == 0 and retried.code == "FAILED_PRECONDITION" and pinned == 0
+    return Outcome(held, f"RecoverDue {'OK' if recovered.ok else recovered.code};"
+                         f" abandon exit {abandoned.returncode}; retry {retried};"
+                         f" pinned {pinned}")  # fmt: skip
