@@ -527,10 +527,12 @@ class MessageCommitter:
         Twice is the same as once; any key not quarantined is refused unchanged."""
         key.validate()
         operator, reason = operator.strip(), reason.strip()
-        if not 1 <= len(operator) <= MAX_AUDIT_OPERATOR:
-            raise InvalidRequest(f"operator must be 1-{MAX_AUDIT_OPERATOR} characters")
-        if not 1 <= len(reason) <= MAX_AUDIT_REASON:
-            raise InvalidRequest(f"reason must be 1-{MAX_AUDIT_REASON} characters")
+        if not 1 <= len(operator) <= MAX_AUDIT_OPERATOR or not operator.isprintable():
+            raise InvalidRequest(
+                f"operator must be 1-{MAX_AUDIT_OPERATOR} printable characters (it is logged)"
+            )
+        if not 1 <= len(reason) <= MAX_AUDIT_REASON or not reason.isprintable():
+            raise InvalidRequest(f"reason must be 1-{MAX_AUDIT_REASON} printable characters")
         try:
             done = await self._store.abandon_quarantined(key, operator, reason)
         except StoreUnsupported as exc:

@@ -68,7 +68,12 @@ async def test_an_abandoned_intent_ends_refused_as_a_permanent_gap_and_unpinned(
     for key in not_quarantined:  # refused, and nothing changes
         with pytest.raises(NotQuarantined):
             await c.abandon_quarantined(key, "ops-anna", "wrong key")
-    for operator, reason in (("ops-anna", "  "), ("", "why"), ("ops-anna", "x" * 501)):
+    for operator, reason in (
+        ("ops-anna", "  "),
+        ("", "why"),
+        ("ops-anna", "x" * 501),
+        ("ops\nanna", "a forged log line"),
+    ):
         with pytest.raises(InvalidRequest):  # no audit record, no abandon
             await c.abandon_quarantined(poison.key, operator, reason)
     assert await c.commit_send(second) == acks[0]
