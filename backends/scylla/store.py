@@ -49,6 +49,7 @@ from typing import Literal
 
 from cassandra.query import UNSET_VALUE
 
+from backends.scylla.abandon import ABANDONED, Abandoner
 from backends.scylla.codec import (
     BODY_COLUMNS,
     Row,
@@ -71,11 +72,11 @@ from service.domain.errors import (
     StoreConflict,
     StoreOutcomeUnknown,
     StoreUnavailable,
-    StoreUnsupported,
 )
 from service.domain.identity import as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandoned,
     Abandonment,
     AuthenticatedSend,
     CommitIntent,
@@ -111,7 +112,7 @@ STATEMENTS = {
     "c.reserve_over": f"UPDATE {{ks}}.commits SET state = 'reserved', {_INTENT_SET},"
     " pub_stream = null, pub_position = null, expires_at_ms = null, rq_attempts = null,"
     f" rq_due_ms = null, rq_problem = null, rq_quarantined = null {_KEY}"
-    " IF state = 'committed' AND expires_at_ms = ?",
+    " IF state IN ('committed', 'abandoned') AND expires_at_ms = ?",
     "c.outboxed": "UPDATE {ks}.commits SET state = 'outboxed', pub_stream = ?, pub_position = ?"
     f" {_KEY} IF state = 'reserved' AND message_id = ?",
     "c.commit": "UPDATE {ks}.commits USING TTL ? SET state = 'committed', identity = ?,"
@@ -157,6 +158,7 @@ class ScyllaMessageStore(MessageStore):
         self.commit_ttl_s = commit_ttl_s
         self._rows = CommitRows(cql, history, clock)
         self._queue = RecoveryQueue(self._rows, recovery, history, settings, clock)
+        self._abandoner = Abandoner(cql, self._rows, recovery, clock, settings)
         self._peeked: OrderedDict[CommitKey, tuple[float, Row | None]] = OrderedDict()
 
     @property
@@ -172,11 +174,15 @@ class ScyllaMessageStore(MessageStore):
             return None
         identity = row.get("identity") or b""
         conversation = row.get("conversation") or ""
+        if row.get("state") == ABANDONED:
+            return StoredCommit(identity, conversation, None, None, abandoned=True)
         if state_of(row) is CommitState.COMMITTED:
             return StoredCommit(identity, conversation, None, committed_from_row(key, row))
         return StoredCommit(identity, conversation, await self._rows.unfinished(key, row), None)
 
     async def _existing(self, request: AuthenticatedSend, row: Row) -> LoadedCommit:
+        if row.get("state") == ABANDONED:
+            return Abandoned(request.key)
         if not request.matches_identity(row.get("identity") or b""):
             return Conflict(request.key)
         if state_of(row) is CommitState.COMMITTED:
@@ -297,6 +303,8 @@ class ScyllaMessageStore(MessageStore):
         row = self._rows.live(await self._rows.row(intent.key))
         if row is None:
             raise StoreConflict("no intent for this key")
+        if row.get("state") == ABANDONED:
+            raise StoreConflict("the intent was abandoned")
         if state_of(row) is CommitState.COMMITTED:
             if row.get("message_id") != intent.record.message_id:
                 raise StoreConflict("intent does not match the stored one")
@@ -440,12 +448,7 @@ class ScyllaMessageStore(MessageStore):
         return await self._queue.release(key)
 
     async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
-        # Not yet on Scylla: the tombstone, the gap and the pin release need a
-        # schema migration (docs/operating.md says what to do meanwhile).
-        raise StoreUnsupported(
-            "abandoning a quarantined intent is not available on the scylla backend yet;"
-            " the intent stays quarantined (retry it once it can be decoded)"
-        )
+        return await self._abandoner.abandon(key, operator, reason)
 
     async def recovery_stats(self) -> RecoveryStats:
         return await self._queue.stats()

@@ -34,7 +34,6 @@ from service.domain.errors import (
     InvalidRequest,
     NotAMember,
     NotQuarantined,
-    NotSupported,
     QuotaExceeded,
     Recoverable,
     StoreUnavailable,
@@ -97,7 +96,6 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     CommitNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "COMMIT_NOT_FOUND"),
     CommitAbandoned: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "COMMIT_ABANDONED"),
     NotQuarantined: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "NOT_QUARANTINED"),
-    NotSupported: StatusRule(grpc.StatusCode.UNIMPLEMENTED, "NOT_SUPPORTED"),
     ConversationNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "CONVERSATION_NOT_FOUND"),
     CursorExpired: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "CURSOR_EXPIRED"),
     Unavailable: StatusRule(

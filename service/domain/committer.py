@@ -36,7 +36,6 @@ from service.domain.errors import (
     InvalidRequest,
     NotAMember,
     NotQuarantined,
-    NotSupported,
     QuotaExceeded,
     Recoverable,
     StoreConflict,
@@ -45,7 +44,6 @@ from service.domain.errors import (
     StoreInvalid,
     StoreNotFound,
     StoreUnavailable,
-    StoreUnsupported,
     Unavailable,
 )
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, Point
@@ -535,8 +533,6 @@ class MessageCommitter:
             raise InvalidRequest(f"reason must be 1-{MAX_AUDIT_REASON} printable characters")
         try:
             done = await self._store.abandon_quarantined(key, operator, reason)
-        except StoreUnsupported as exc:
-            raise NotSupported(str(exc)) from exc
         except StoreError as exc:
             raise Unavailable("the recovery queue is unavailable: backend error") from exc
         if done.outcome is AbandonOutcome.NOT_QUARANTINED:

@@ -37,7 +37,6 @@
     ├── CommitAbandoned          an operator abandoned the key's quarantined intent:
     │                            never ACKed; send again with a new cmid
     ├── NotQuarantined           abandon of a key that has no quarantined intent
-    ├── NotSupported             an operation this backend does not offer yet
     ├── CursorExpired            a mailbox cursor below the trim watermark, of another
     │                            epoch, or ahead of the lane: rebuild, never an
     │                            empty page
@@ -216,14 +215,6 @@ class CommitAbandoned(CommitError):
 
 class NotQuarantined(CommitError):
     """Abandon was asked for a key that has no quarantined intent (nothing changed)."""
-
-
-class NotSupported(CommitError):
-    """The backend in use does not offer this operation (yet); nothing was changed."""
-
-
-class StoreUnsupported(StoreError):
-    """The backend does not implement this operation; nothing was written."""
 
 
 class CursorExpired(CommitError):

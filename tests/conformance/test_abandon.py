@@ -39,8 +39,6 @@ async def _history(c: MessageCommitter, tenant: str) -> HistoryPage:
 async def test_an_abandoned_intent_ends_refused_as_a_permanent_gap_and_unpinned(
     harness: Harness,
 ) -> None:
-    if harness.name.startswith("scylla"):
-        pytest.skip("not on Scylla yet: abandon answers UNIMPLEMENTED NOT_SUPPORTED there")
     clock = ManualClock()
     settings = StoreSettings(idempotency_window_ms=DAY, history_retention_ms=2 * DAY)
     backend = await harness.open(clock=clock, settings=settings)

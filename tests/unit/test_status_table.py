@@ -27,7 +27,6 @@ from service.domain.errors import (
     InvalidRequest,
     NotAMember,
     NotQuarantined,
-    NotSupported,
     QuotaExceeded,
     Recoverable,
     StoreConflict,
@@ -57,7 +56,6 @@ EXAMPLES: list[tuple[CommitError, grpc.StatusCode]] = [
     ),
     (CommitAbandoned(), grpc.StatusCode.FAILED_PRECONDITION),
     (NotQuarantined("this key has no quarantined intent"), grpc.StatusCode.FAILED_PRECONDITION),
-    (NotSupported("not available on this backend yet"), grpc.StatusCode.UNIMPLEMENTED),
     (Unavailable("membership is unavailable: backend error"), grpc.StatusCode.UNAVAILABLE),
     (FailClosed("writes refused until the backend is fixed: ..."), grpc.StatusCode.UNAVAILABLE),
 ]
