@@ -50,7 +50,8 @@ DEFER = script(
 -- in the quarantine keeps its creation time).
 --@prologue
 local st = redis.call('HGET', KEYS[2], 'st')
-if redis.call('EXISTS', KEYS[2]) == 0 or st == '3' or st == 'A' then return {'gone'} end
+if redis.call('EXISTS', KEYS[2]) == 0 or st == '3' then return {'gone'} end
+if st == 'A' then return {'gone'} end  -- abandoned by an operator: final
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[4] .. '|' .. ARGV[5])
 if ARGV[7] == '1' then
   local created = redis.call('ZSCORE', KEYS[4], ARGV[3]) or now

@@ -53,7 +53,7 @@ STATEMENTS = {
 }
 
 
-FINISHED = (CommitState.COMMITTED.value, "abandoned")
+FINISHED_STATES = (CommitState.COMMITTED.value, "abandoned")
 """Row states that end a key's intent: expire with the window, never in the queue."""
 
 
@@ -78,7 +78,9 @@ class CommitRows:
         """A committed row past the idempotency window (by this store's clock)."""
         expires = row.get("expires_at_ms")
         return (
-            row.get("state") in FINISHED and expires is not None and expires <= self._clock.now_ms()
+            row.get("state") in FINISHED_STATES
+            and expires is not None
+            and expires <= self._clock.now_ms()
         )
 
     def live(self, row: Row | None) -> Row | None:

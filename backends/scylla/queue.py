@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from backends.scylla.codec import Row
-from backends.scylla.commits import FINISHED, CommitRows, key_of
+from backends.scylla.commits import FINISHED_STATES, CommitRows, key_of
 from backends.scylla.history import BATCHED_RECORD_BYTES, History, pin_removal
 from backends.scylla.recovery import Entry, RecoveryIndex, quarantine_token
 from backends.scylla.session import Params
@@ -138,7 +138,7 @@ class RecoveryQueue:
                         self._recovery.created_removal(key, entry.created_at_ms)]  # fmt: skip
             await self._rows.quietly(removals)
             return None
-        if row.get("state") in FINISHED:
+        if row.get("state") in FINISHED_STATES:
             if entry.seq is not None and row.get("seq") == entry.seq:
                 await self._repair(entry, row)
             else:
@@ -241,7 +241,7 @@ class RecoveryQueue:
         row = self._rows.live(await self._rows.row(item.key))
         if (
             row is None
-            or row.get("state") in FINISHED
+            or row.get("state") in FINISHED_STATES
             or row.get("created_at_ms") != item.created_at_ms
         ):
             return  # committed, or a new intent for this key since the scan
@@ -272,7 +272,7 @@ class RecoveryQueue:
         after = self._rows.live(await self._rows.row(item.key, serial=True))
         if (
             after is None
-            or after.get("state") in FINISHED
+            or after.get("state") in FINISHED_STATES
             or after.get("created_at_ms") != item.created_at_ms
         ):
             await self._rows.quietly([self._recovery.quarantine_removal(item.key)])
@@ -289,7 +289,7 @@ class RecoveryQueue:
                 live = self._rows.live(row)
                 if (
                     live is None
-                    or live.get("state") in FINISHED
+                    or live.get("state") in FINISHED_STATES
                     or not (live.get("rq_quarantined"))
                 ):
                     await self._rows.quietly([self._recovery.quarantine_removal(key)])
@@ -304,13 +304,13 @@ class RecoveryQueue:
 
     async def item(self, key: CommitKey) -> RecoveryItem | None:
         row = self._rows.live(await self._rows.row(key))
-        if row is None or row.get("state") in FINISHED:
+        if row is None or row.get("state") in FINISHED_STATES:
             return None
         return await self._item_of(key, row, quarantined=bool(row.get("rq_quarantined")))
 
     async def release(self, key: CommitKey) -> bool:
         row = self._rows.live(await self._rows.row(key))
-        if row is None or row.get("state") in FINISHED:
+        if row is None or row.get("state") in FINISHED_STATES:
             return False
         if not row.get("rq_quarantined"):
             return False
