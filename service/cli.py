@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import importlib
 import json
 import logging
@@ -37,6 +38,7 @@ from service.config import StartupError, parse_duration
 from service.domain.errors import CommitError
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    AbandonOutcome,
     AuthenticatedSend,
     BodyReference,
     CommittedMessage,
@@ -154,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     recover.set_defaults(call=_recover)
 
     quarantine = commands.add_parser(
-        "quarantine", help="list, inspect and retry quarantined intents (the recovery queue)"
+        "quarantine",
+        help="list, inspect, retry and abandon quarantined intents (the recovery queue)",
     )
     q_actions = quarantine.add_subparsers(dest="action", required=True, metavar="ACTION")
     q_list = _client_parser(q_actions, "list", "list every quarantined intent", tenant=False)
@@ -169,6 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--sender", required=True)
         q.add_argument("--cmid", required=True, help="the client_message_id of the key")
         q.set_defaults(call=call)
+    q_abandon = _client_parser(
+        q_actions, "abandon",
+        "give up on one quarantined intent for good (audited): its key then answers"
+        " COMMIT_ABANDONED, its seq is a permanent history gap, retention is released",
+        tenant=False,
+    )  # fmt: skip
+    q_abandon.add_argument("--tenant", required=True)
+    q_abandon.add_argument("--sender", required=True)
+    q_abandon.add_argument("--cmid", required=True, help="the client_message_id of the key")
+    q_abandon.add_argument("--reason", required=True, help="why, for the audit record (no content)")
+    q_abandon.add_argument(
+        "--operator", default=_login(), help="who, for the audit record (default: your login)"
+    )
+    q_abandon.set_defaults(call=_quarantine_abandon)
 
     health = _client_parser(commands, "health", "ask the server's health service", tenant=False)
     health.add_argument("--service", default="", help="a service name ('' = the server)")
@@ -391,6 +408,27 @@ async def _quarantine_retry(client: CommitClient, args: argparse.Namespace) -> C
     return await client.retry_quarantined(CommitKey(args.tenant, args.sender, args.cmid))
 
 
+async def _quarantine_abandon(client: CommitClient, args: argparse.Namespace) -> dict[str, object]:
+    key = CommitKey(args.tenant, args.sender, args.cmid)
+    done = await client.abandon_quarantined(key, operator=args.operator, reason=args.reason)
+    return {
+        "abandoned": "now" if done.outcome is AbandonOutcome.ABANDONED else "before",
+        "key": str(key),
+        "conversation": done.conversation,
+        "seq": done.seq or "-",
+        "at": _time(done.at_ms),
+        "operator": done.operator,
+        "reason": done.reason,
+    }
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in a bare container
+        return "unknown"
+
+
 async def _health(client: CommitClient, args: argparse.Namespace) -> dict[str, str]:
     return {"service": args.service or "(server)", "status": await client.health(args.service)}
 
@@ -442,6 +480,11 @@ def _render_page(page: HistoryPage) -> str:
         f"conversation={page.conversation} direction={page.direction.value} "
         f"last_seq={page.last_seq} available_from_seq={page.available_from_seq} "
         f"next_anchor={page.next_anchor or '-'}"
+        + (
+            f" abandoned_seqs={','.join(map(str, page.abandoned_seqs))}"
+            if page.abandoned_seqs
+            else ""
+        )
     ]
     for r in page.records:
         c = r.content

@@ -37,6 +37,8 @@ from service.api.mailbox import page_from_proto, sync_request
 from service.domain.ids import CommitKey
 from service.domain.mailbox import MailboxCursor, MailboxPage
 from service.domain.model import (
+    Abandonment,
+    AbandonOutcome,
     AuthenticatedSend,
     CommittedMessage,
     HistoryPage,
@@ -320,6 +322,19 @@ class CommitClient:
         )
         response = await self._call(self._recovery.RetryQuarantined, request, retry=False)
         return convert.committed_from_proto(response.message)
+
+    async def abandon_quarantined(
+        self, key: CommitKey, *, operator: str, reason: str
+    ) -> Abandonment:
+        """Give up on ``key``'s quarantined intent for good (audited; not retried
+        by the client; twice answers the first audit record)."""
+        request = recovery_pb2.AbandonQuarantinedRequest(
+            tenant=key.tenant, sender=key.sender, client_message_id=key.cmid,
+            operator=operator, reason=reason,
+        )  # fmt: skip
+        r = await self._call(self._recovery.AbandonQuarantined, request, retry=False)
+        outcome = AbandonOutcome.ABANDONED if r.abandoned_now else AbandonOutcome.ALREADY_ABANDONED
+        return Abandonment(outcome, r.conversation, r.seq, r.abandoned_at_ms, r.operator, r.reason)
 
     # --- health -------------------------------------------------------------------
 

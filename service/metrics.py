@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandonment,
     Admission,
     AuthenticatedSend,
     CommitIntent,
@@ -327,6 +328,10 @@ class InstrumentedStore(MessageStore):
     async def release_quarantined(self, key: CommitKey) -> bool:
         with self._timer("release_quarantined"):
             return await self._inner.release_quarantined(key)
+
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        with self._timer("abandon_quarantined"):
+            return await self._inner.abandon_quarantined(key, operator, reason)
 
     async def recovery_stats(self) -> RecoveryStats:
         with self._timer("recovery_stats"):

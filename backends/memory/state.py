@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from backends.memory.outbox_log import OutboxLog
 from service.domain.membership import Intervals
 from service.domain.model import (
+    Abandonment,
     CommitIntent,
     CommittedMessage,
     MessageRecord,
@@ -32,6 +33,9 @@ class Commit:
     intent: CommitIntent | None
     committed: CommittedMessage | None = None
     publication: OutboxPublication | None = None
+    abandoned: Abandonment | None = None
+    """An operator abandoned the quarantined intent: the audit record, kept with
+    the key for the idempotency window (``intent`` and ``committed`` are None)."""
 
 
 @dataclass
@@ -63,6 +67,8 @@ class Conversation:
     committed after retention had passed their seq, until their own retention."""
     seqs: list[int] = field(default_factory=list)
     history: dict[int, MessageRecord] = field(default_factory=dict)
+    abandoned: list[int] = field(default_factory=list)
+    """Sorted seqs an operator abandoned: permanent gaps, kept while readable."""
 
     def add_users(self, new: list[str]) -> None:
         """Merge never-seen users into the sorted listing order."""
@@ -99,7 +105,18 @@ class Conversation:
         for old in self.seqs[:end]:
             del self.history[old]
         del self.seqs[:end]
+        del self.abandoned[: bisect.bisect_right(self.abandoned, cut)]
         self.available_from = cut + 1
+
+    def abandon(self, seq: int) -> None:
+        """``seq`` will never be recorded: drop a record written before the intent
+        was quarantined, release the pin, remember the gap."""
+        if self.history.pop(seq, None) is not None:
+            del self.seqs[bisect.bisect_left(self.seqs, seq)]
+        self.unpin(seq)
+        if seq >= self.available_from and seq not in self.abandoned:
+            bisect.insort(self.abandoned, seq)
+        self.trim()
 
 
 @dataclass

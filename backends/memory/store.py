@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from dataclasses import replace
 from typing import Literal
 
 from backends.memory.members import MemoryMembershipStore
@@ -14,6 +15,9 @@ from service.domain.history import build_page
 from service.domain.identity import as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandoned,
+    Abandonment,
+    AbandonOutcome,
     AuthenticatedSend,
     CommitIntent,
     CommitState,
@@ -66,7 +70,7 @@ class MemoryMessageStore(MessageStore):
         while s.commit_expiry and s.commit_expiry[0][0] <= now:
             _, key = s.commit_expiry.popleft()
             stored = s.commits.get(key)
-            if stored is not None and stored.committed is not None:
+            if stored is not None and (stored.committed or stored.abandoned) is not None:
                 del s.commits[key]
         touched = set()
         while s.history_expiry and s.history_expiry[0][0] <= now:
@@ -91,6 +95,8 @@ class MemoryMessageStore(MessageStore):
         key = _k(request.key)
         existing = self.state.commits.get(key)
         if existing is not None:
+            if existing.abandoned is not None:
+                return Abandoned(request.key)
             if not request.matches_identity(existing.identity):
                 return Conflict(request.key)
             if existing.committed is not None:
@@ -216,7 +222,13 @@ class MemoryMessageStore(MessageStore):
         stored = self.state.commits.get(_k(key))
         if stored is None:
             return None
-        return StoredCommit(stored.identity, stored.conversation, stored.intent, stored.committed)
+        return StoredCommit(
+            stored.identity,
+            stored.conversation,
+            stored.intent,
+            stored.committed,
+            abandoned=stored.abandoned is not None,
+        )
 
     # --- the recovery queue ------------------------------------------------------
 
@@ -286,6 +298,27 @@ class MemoryMessageStore(MessageStore):
         entry.due_ms = min(entry.created_at_ms, self._clock.now_ms())
         return True
 
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        self._sweep()
+        k = _k(key)
+        stored, entry = self.state.commits.get(k), self.state.queue.get(k)
+        if stored is not None and stored.abandoned is not None:
+            return replace(stored.abandoned, outcome=AbandonOutcome.ALREADY_ABANDONED)
+        if stored is None or stored.intent is None or entry is None or not entry.quarantined:
+            return Abandonment(AbandonOutcome.NOT_QUARANTINED)
+        now, seq = self._clock.now_ms(), stored.intent.record.seq
+        audit = Abandonment(
+            AbandonOutcome.ABANDONED, stored.conversation, seq, now, operator, reason
+        )
+        stored.intent, stored.publication, stored.abandoned = None, None, audit
+        stored.identity = as_digest(stored.identity)
+        del self.state.queue[k]
+        self.state.commit_expiry.append((now + self._settings.idempotency_window_ms, k))
+        conv = self.state.conversations.get((key.tenant, stored.conversation))
+        if conv is not None:
+            conv.abandon(seq)
+        return audit
+
     async def recovery_stats(self) -> RecoveryStats:
         queue = self.state.queue.values()
         oldest = min((e.created_at_ms for e in queue if not e.quarantined), default=None)
@@ -310,6 +343,7 @@ class MemoryMessageStore(MessageStore):
             (conv.history[s] for s in chosen),
             available_from_seq=conv.available_from,
             last_seq=conv.last_seq,
+            abandoned=conv.abandoned,
         )
 
     async def readiness(self) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from backends.redis import commits, delivery, history, members, recovery
+from backends.redis import abandon, commits, delivery, history, members, recovery
 from backends.redis.commits import CommitCalls
 from backends.redis.delivery import open_delivery as delivery_side
 from backends.redis.deployment import check_eviction, check_identity, read_deployment
@@ -48,6 +48,7 @@ SCRIPTS: tuple[Script, ...] = (
     *members.SCRIPTS,
     *history.SCRIPTS,
     *recovery.SCRIPTS,
+    *abandon.SCRIPTS,
     *delivery.SCRIPTS,
 )
 

@@ -10,10 +10,14 @@ from service.domain.errors import StoreCorrupt, StoreForbidden, StoreNotFound
 from service.domain.history import build_page
 from service.domain.model import Direction, HistoryPage, HistoryQuery
 
+MAX_GAPS = 10_000
+"""Most abandoned seqs one history read returns (each one an operator's abandon
+within the retention)."""
+
 HISTORY = script(
     "history",
     """#!lua flags=allow-oom
--- KEYS: id meta intervals history expiry pinned
+-- KEYS: id meta intervals history expiry pinned gaps
 -- ARGV: dep shift actor direction(f|b) anchor count
 -- allow-oom: its only writes delete (the retention sweep), so reads keep
 -- working when Redis is out of memory
@@ -24,6 +28,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end
 if not iv_is_member(redis.call('HGET', KEYS[3], ARGV[3])) then return {'forbidden'} end
 local avail = sweep(KEYS[2], KEYS[4], KEYS[5], KEYS[6])
 local last = redis.call('HGET', KEYS[2], 's') or '0'
+redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. avail)
+local gaps = redis.call('ZRANGE', KEYS[7], avail, '+inf', 'BYSCORE', 'LIMIT', 0, MAX_GAPS)
 local items
 if ARGV[4] == 'b' then
   local high = '+inf'
@@ -32,8 +38,8 @@ if ARGV[4] == 'b' then
 else
   items = redis.call('ZRANGE', KEYS[4], '(' .. ARGV[5], '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[6])
 end
-return {'page', avail, last, items}
-""",
+return {'page', avail, last, items, gaps}
+""".replace("MAX_GAPS", str(MAX_GAPS)),
 )
 
 SCRIPTS = (HISTORY,)
@@ -43,7 +49,7 @@ async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
     ck = calls.keys.conversation(query.tenant, query.conversation)
     word, rest = await calls.run(
         HISTORY,
-        [ck.shard.identity, ck.meta, ck.intervals, ck.history, ck.expiry, ck.pinned],
+        [ck.shard.identity, ck.meta, ck.intervals, ck.history, ck.expiry, ck.pinned, ck.gaps],
         [
             query.actor,
             "b" if query.direction is Direction.BACKWARD else "f",
@@ -55,7 +61,7 @@ async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
         raise StoreNotFound("conversation not found")
     if word == b"forbidden":
         raise StoreForbidden("reader is not a member of the conversation")
-    if word != b"page" or len(rest) != 3 or not isinstance(rest[2], list):
+    if word != b"page" or len(rest) != 4 or not isinstance(rest[2], list):
         raise StoreCorrupt("redis gave an unexpected reply")
     candidates = (codec.decode_history_member(query.tenant, query.conversation, m) for m in rest[2])
     return build_page(
@@ -63,4 +69,5 @@ async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
         candidates,
         available_from_seq=codec.to_int(rest[0]),
         last_seq=codec.to_int(rest[1]),
+        abandoned=[codec.to_int(g) for g in rest[3]] if isinstance(rest[3], list) else (),
     )

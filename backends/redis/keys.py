@@ -36,8 +36,13 @@ key (in shard n)            type     what
 ``P:{n}:x:T:C``             zset     history expiry: score expiry (ms), member seq
 ``P:{n}:p:T:C``             zset     seqs of unfinished intents: retention never
                                      trims at or past the lowest
+``P:{n}:g:T:C``             zset     seqs an operator abandoned (score and member
+                                     the seq): permanent history gaps, dropped
+                                     once retention has passed them
 ``P:{n}:c:T:C:S:K``         hash     one commit: full form until COMMITTED, then the
-                                     compact form with logical expiry ``x`` and TTL
+                                     compact form with logical expiry ``x`` and TTL;
+                                     an abandoned one: ``st`` ``A``, ``x``, and ``ab``
+                                     the audit record (JSON: by, why, at, seq)
 ``P:{n}:k:T:S:K``           hash     key pointer (shard of T:S:K): ``c`` the raw
                                      conversation id, ``x`` expiry once committed;
                                      makes a CommitKey unique across conversations
@@ -118,6 +123,7 @@ class ConversationKeys:
     expiry: str
     pinned: str
     _commit_base: str
+    gaps: str
 
     def commit(self, sender: str, cmid: str) -> str:
         return f"{self._commit_base}:{enc(sender)}:{enc(cmid)}"
@@ -178,6 +184,7 @@ class KeySpace:
             f"{base}:x:{tc}",
             f"{base}:p:{tc}",
             f"{base}:c:{tc}",
+            f"{base}:g:{tc}",
         )
 
     def pointer(self, tenant: str, sender: str, cmid: str) -> PointerKeys:

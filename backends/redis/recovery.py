@@ -51,6 +51,7 @@ DEFER = script(
 --@prologue
 local st = redis.call('HGET', KEYS[2], 'st')
 if redis.call('EXISTS', KEYS[2]) == 0 or st == '3' then return {'gone'} end
+if st == 'A' then return {'gone'} end  -- abandoned by an operator: final
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[4] .. '|' .. ARGV[5])
 if ARGV[7] == '1' then
   local created = redis.call('ZSCORE', KEYS[4], ARGV[3]) or now
@@ -210,6 +211,8 @@ class RedisRecoveryQueue:
             hash_fields = codec.hash_reply(fields)
             if not hash_fields:
                 return None  # committed or gone since the index was read
+            if hash_fields.get(b"st") == b"A":
+                return None  # abandoned: the final state, no longer in the queue
             if codec.state_of(hash_fields) is CommitState.COMMITTED:
                 return None
             intent = codec.intent_of(hash_fields, key, conv)

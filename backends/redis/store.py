@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal, cast
 
-from backends.redis import codec, history
+from backends.redis import abandon, codec, history
 from backends.redis.commits import (
     COMMIT,
     OUTBOX_APPEND,
@@ -39,6 +39,8 @@ from service.domain.errors import StoreConflict, StoreCorrupt, StoreInvalid, Sto
 from service.domain.identity import WHOLE_HEADER, as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandoned,
+    Abandonment,
     Admission,
     AuthenticatedSend,
     CommitIntent,
@@ -187,6 +189,8 @@ class RedisMessageStore(MessageStore):
             return None
         if word == b"exists":
             fields = codec.pairs(rest[0] if rest else [])
+            if _abandoned(fields):
+                return Abandoned(key)
             if not request.matches_identity(fields.get(b"id", b"")):
                 return await self._conflict(key, conv)
             loaded = _interpret(fields, key, conv)
@@ -221,7 +225,7 @@ class RedisMessageStore(MessageStore):
         fields, elsewhere = await self._calls.load_in(request.key, request.conversation)
         if fields is None:
             return await self._conflict(request.key, request.conversation) if elsewhere else None
-        if not request.matches_identity(fields.get(b"id", b"")):
+        if not _abandoned(fields) and not request.matches_identity(fields.get(b"id", b"")):
             return await self._conflict(request.key, request.conversation)
         loaded = _interpret(fields, request.key, request.conversation)
         await self._replicated(loaded, request.key.tenant, request.conversation)
@@ -235,6 +239,8 @@ class RedisMessageStore(MessageStore):
         if fields is None:
             return None
         identity = fields.get(b"id", b"")
+        if _abandoned(fields):
+            return StoredCommit(identity, conversation, None, None, abandoned=True)
         loaded = _interpret(fields, key, conversation)
         if isinstance(loaded, Committed):
             return StoredCommit(identity, conversation, None, loaded.message)
@@ -403,6 +409,13 @@ class RedisMessageStore(MessageStore):
     async def release_quarantined(self, key: CommitKey) -> bool:
         return await self._queue.release(key)
 
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        s = self._settings
+        return await abandon.abandon_quarantined(
+            self._calls, key, operator, reason,
+            window_ms=s.idempotency_window_ms, ttl_ms=s.idempotency_window_ms + PHYSICAL_GRACE_MS,
+        )  # fmt: skip
+
     async def recovery_stats(self) -> RecoveryStats:
         return await self._queue.stats()
 
@@ -420,7 +433,13 @@ class RedisMessageStore(MessageStore):
         await link.scripts_ready(self._scripts)
 
 
+def _abandoned(fields: dict[bytes, bytes]) -> bool:
+    return fields.get(b"st") == b"A"
+
+
 def _interpret(fields: dict[bytes, bytes], key: CommitKey, conversation: str) -> LoadedCommit:
+    if _abandoned(fields):
+        return Abandoned(key)
     if codec.state_of(fields) is CommitState.COMMITTED:
         return Committed(codec.committed_of(fields, conversation, key.cmid))
     return InProgress(codec.intent_of(fields, key, conversation))

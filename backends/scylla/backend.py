@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from backends.scylla import (
+    abandon,
     commits,
     history,
     members,
@@ -174,6 +175,7 @@ async def open_scylla_backend(
                 **recovery.STATEMENTS,
                 **outbox.STATEMENTS,
                 **store.STATEMENTS,
+                **abandon.STATEMENTS,
             }
         )
         await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_OPEN)

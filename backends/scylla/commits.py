@@ -53,6 +53,10 @@ STATEMENTS = {
 }
 
 
+FINISHED_STATES = (CommitState.COMMITTED.value, "abandoned")
+"""Row states that end a key's intent: expire with the window, never in the queue."""
+
+
 def key_of(key: CommitKey) -> tuple[str, str, str]:
     return (key.tenant, key.sender, key.cmid)
 
@@ -74,7 +78,7 @@ class CommitRows:
         """A committed row past the idempotency window (by this store's clock)."""
         expires = row.get("expires_at_ms")
         return (
-            row.get("state") == CommitState.COMMITTED.value
+            row.get("state") in FINISHED_STATES
             and expires is not None
             and expires <= self._clock.now_ms()
         )

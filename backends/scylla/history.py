@@ -79,7 +79,13 @@ _SELECT = f"SELECT {', '.join(READ_COLUMNS)} FROM {{ks}}.history"
 _WHERE = "WHERE tenant = ? AND conversation = ? AND bucket = ?"
 _CONV = "WHERE tenant = ? AND conversation = ?"
 
+MAX_GAPS = 10_000
+"""Most abandoned seqs one page reads (rows of kind 'g', written by
+``backends.scylla.abandon``; each one an operator's abandon within retention)."""
+
 STATEMENTS = {
+    "gap.list": "SELECT seq FROM {ks}.conversations WHERE tenant = ? AND conversation = ?"
+    f" AND kind = 'g' LIMIT {MAX_GAPS}",
     "hist.put": _INSERT,
     "hist.put_ttl": _INSERT_TTL,
     "hist.get": f"{_SELECT} {_WHERE} AND seq = ?",
@@ -192,10 +198,11 @@ class History:
     async def page(self, query: HistoryQuery) -> HistoryPage:
         now = self._clock.now_ms()
         t, c = query.tenant, query.conversation
-        (is_member, statics), due, expiry = await asyncio.gather(
+        (is_member, statics), due, expiry, gaps = await asyncio.gather(
             self._members.member_now(t, c, query.actor),
             self._cql.read("exp.due", (t, c, now, DUE_ENTRIES)),
             self._cql.read("exp.statics", (t, c)),
+            self._cql.read("gap.list", (t, c)),
         )
         if not is_member:
             raise StoreForbidden("reader is not a member of the conversation")
@@ -207,7 +214,10 @@ class History:
             # An anchor past the end pages from the newest record, as on every backend.
             lo, hi = floor, (min(query.anchor_seq - 1, last_seq) if query.anchor_seq else last_seq)
         records, boundary = await self._fetch(query, lo, hi)
-        page = build_page(query, records, available_from_seq=floor, last_seq=last_seq)
+        abandoned = [int(g["seq"]) for g in gaps if g.get("seq") is not None]
+        page = build_page(
+            query, records, available_from_seq=floor, last_seq=last_seq, abandoned=abandoned
+        )
         if boundary and not page.next_anchor:
             page = dataclasses.replace(page, next_anchor=boundary)
         return page

@@ -19,14 +19,13 @@ import asyncio
 import logging
 
 from backends.scylla.codec import Row
-from backends.scylla.commits import CommitRows, key_of
+from backends.scylla.commits import FINISHED_STATES, CommitRows, key_of
 from backends.scylla.history import BATCHED_RECORD_BYTES, History, pin_removal
 from backends.scylla.recovery import Entry, RecoveryIndex, quarantine_token
 from backends.scylla.session import Params
 from service.domain.errors import StoreUnavailable
 from service.domain.ids import CommitKey
 from service.domain.model import (
-    CommitState,
     MessageRecord,
     QuarantinePage,
     RecoveryItem,
@@ -35,6 +34,7 @@ from service.domain.model import (
 from service.domain.ports import Clock, StoreSettings
 
 log = logging.getLogger(__name__)
+ABANDONED = "abandoned"  # backends.scylla.abandon: the tombstone's state
 _KEY = "WHERE tenant = ? AND sender = ? AND cmid = ?"
 STATEMENTS = {
     "c.defer": "UPDATE {ks}.commits SET rq_attempts = ?, rq_problem = ?, rq_due_ms = ?,"
@@ -133,7 +133,12 @@ class RecoveryQueue:
         # (creation time dropped), to the one holding its seq. Never judged by message
         # id: concurrent duplicates of a key that share a creation time write the same
         # entry row, the loser's message id possibly last.
-        if row.get("state") == CommitState.COMMITTED.value:
+        if row.get("state") == ABANDONED:  # a cleanup that stopped: finish it
+            removals = [self._recovery.entry_removal(key, entry.due_ms),
+                        self._recovery.created_removal(key, entry.created_at_ms)]  # fmt: skip
+            await self._rows.quietly(removals)
+            return None
+        if row.get("state") in FINISHED_STATES:
             if entry.seq is not None and row.get("seq") == entry.seq:
                 await self._repair(entry, row)
             else:
@@ -236,7 +241,7 @@ class RecoveryQueue:
         row = self._rows.live(await self._rows.row(item.key))
         if (
             row is None
-            or row.get("state") == CommitState.COMMITTED.value
+            or row.get("state") in FINISHED_STATES
             or row.get("created_at_ms") != item.created_at_ms
         ):
             return  # committed, or a new intent for this key since the scan
@@ -267,7 +272,7 @@ class RecoveryQueue:
         after = self._rows.live(await self._rows.row(item.key, serial=True))
         if (
             after is None
-            or after.get("state") == CommitState.COMMITTED.value
+            or after.get("state") in FINISHED_STATES
             or after.get("created_at_ms") != item.created_at_ms
         ):
             await self._rows.quietly([self._recovery.quarantine_removal(item.key)])
@@ -284,7 +289,7 @@ class RecoveryQueue:
                 live = self._rows.live(row)
                 if (
                     live is None
-                    or live.get("state") == CommitState.COMMITTED.value
+                    or live.get("state") in FINISHED_STATES
                     or not (live.get("rq_quarantined"))
                 ):
                     await self._rows.quietly([self._recovery.quarantine_removal(key)])
@@ -299,13 +304,13 @@ class RecoveryQueue:
 
     async def item(self, key: CommitKey) -> RecoveryItem | None:
         row = self._rows.live(await self._rows.row(key))
-        if row is None or row.get("state") == CommitState.COMMITTED.value:
+        if row is None or row.get("state") in FINISHED_STATES:
             return None
         return await self._item_of(key, row, quarantined=bool(row.get("rq_quarantined")))
 
     async def release(self, key: CommitKey) -> bool:
         row = self._rows.live(await self._rows.row(key))
-        if row is None or row.get("state") == CommitState.COMMITTED.value:
+        if row is None or row.get("state") in FINISHED_STATES:
             return False
         if not row.get("rq_quarantined"):
             return False

@@ -18,12 +18,15 @@ table               partition / clustering          access path
 ==================  ==============================  ==============================================
 commits             (tenant, sender, cmid)          one intent per CommitKey, with its recovery
                                                     bookkeeping (rq_*); compacted (and TTLed by
-                                                    the idempotency window) at COMMITTED
+                                                    the idempotency window) at COMMITTED; an
+                                                    abandoned intent's tombstone likewise
 conversations       (tenant, conversation) /        static: membership version, lowest readable
                     kind, name, cmid                version, member count, last allocated seq;
                                                     rows: members with their version intervals
-                                                    (kind 'm'), a sentinel (kind 'n') and
+                                                    (kind 'm'), a sentinel (kind 'n'),
                                                     short-lived seq reservations (kind 'r')
+                                                    and abandoned seqs (kind 'g', TTL the
+                                                    history retention)
 history             (tenant, conversation, bucket)  records, bucket = seq // 1000, by seq
                     / seq
 history_expiry      (tenant, conversation) /        when each committed seq leaves history, plus

@@ -49,6 +49,7 @@ from typing import Literal
 
 from cassandra.query import UNSET_VALUE
 
+from backends.scylla.abandon import ABANDONED, Abandoner
 from backends.scylla.codec import (
     BODY_COLUMNS,
     Row,
@@ -75,6 +76,8 @@ from service.domain.errors import (
 from service.domain.identity import as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandoned,
+    Abandonment,
     AuthenticatedSend,
     CommitIntent,
     CommitState,
@@ -109,7 +112,7 @@ STATEMENTS = {
     "c.reserve_over": f"UPDATE {{ks}}.commits SET state = 'reserved', {_INTENT_SET},"
     " pub_stream = null, pub_position = null, expires_at_ms = null, rq_attempts = null,"
     f" rq_due_ms = null, rq_problem = null, rq_quarantined = null {_KEY}"
-    " IF state = 'committed' AND expires_at_ms = ?",
+    " IF state IN ('committed', 'abandoned') AND expires_at_ms = ?",
     "c.outboxed": "UPDATE {ks}.commits SET state = 'outboxed', pub_stream = ?, pub_position = ?"
     f" {_KEY} IF state = 'reserved' AND message_id = ?",
     "c.commit": "UPDATE {ks}.commits USING TTL ? SET state = 'committed', identity = ?,"
@@ -155,6 +158,7 @@ class ScyllaMessageStore(MessageStore):
         self.commit_ttl_s = commit_ttl_s
         self._rows = CommitRows(cql, history, clock)
         self._queue = RecoveryQueue(self._rows, recovery, history, settings, clock)
+        self._abandoner = Abandoner(cql, self._rows, recovery, clock, settings)
         self._peeked: OrderedDict[CommitKey, tuple[float, Row | None]] = OrderedDict()
 
     @property
@@ -170,11 +174,15 @@ class ScyllaMessageStore(MessageStore):
             return None
         identity = row.get("identity") or b""
         conversation = row.get("conversation") or ""
+        if row.get("state") == ABANDONED:
+            return StoredCommit(identity, conversation, None, None, abandoned=True)
         if state_of(row) is CommitState.COMMITTED:
             return StoredCommit(identity, conversation, None, committed_from_row(key, row))
         return StoredCommit(identity, conversation, await self._rows.unfinished(key, row), None)
 
     async def _existing(self, request: AuthenticatedSend, row: Row) -> LoadedCommit:
+        if row.get("state") == ABANDONED:
+            return Abandoned(request.key)
         if not request.matches_identity(row.get("identity") or b""):
             return Conflict(request.key)
         if state_of(row) is CommitState.COMMITTED:
@@ -295,6 +303,8 @@ class ScyllaMessageStore(MessageStore):
         row = self._rows.live(await self._rows.row(intent.key))
         if row is None:
             raise StoreConflict("no intent for this key")
+        if row.get("state") == ABANDONED:
+            raise StoreConflict("the intent was abandoned")
         if state_of(row) is CommitState.COMMITTED:
             if row.get("message_id") != intent.record.message_id:
                 raise StoreConflict("intent does not match the stored one")
@@ -436,6 +446,9 @@ class ScyllaMessageStore(MessageStore):
 
     async def release_quarantined(self, key: CommitKey) -> bool:
         return await self._queue.release(key)
+
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        return await self._abandoner.abandon(key, operator, reason)
 
     async def recovery_stats(self) -> RecoveryStats:
         return await self._queue.stats()

@@ -210,6 +210,7 @@ def page_to_proto(page: HistoryPage) -> pb.HistoryPage:
         last_seq=page.last_seq,
         next_anchor=page.next_anchor,
         truncated_by_bytes=page.truncated_by_bytes,
+        abandoned_seqs=page.abandoned_seqs,
     )
 
 
@@ -224,4 +225,5 @@ def page_from_proto(msg: pb.HistoryPage) -> HistoryPage:
         last_seq=msg.last_seq,
         next_anchor=msg.next_anchor,
         truncated_by_bytes=msg.truncated_by_bytes,
+        abandoned_seqs=tuple(msg.abandoned_seqs),
     )

@@ -24,6 +24,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from service.domain.errors import (
+    CommitAbandoned,
     CommitError,
     CommitNotFound,
     ConversationNotFound,
@@ -32,6 +33,7 @@ from service.domain.errors import (
     InvalidClientMessageId,
     InvalidRequest,
     NotAMember,
+    NotQuarantined,
     QuotaExceeded,
     Recoverable,
     StoreUnavailable,
@@ -92,6 +94,8 @@ STATUS_TABLE: dict[type[Exception], StatusRule] = {
     ),
     FailClosed: StatusRule(grpc.StatusCode.UNAVAILABLE, "FAIL_CLOSED", retry_after_s=1.0),
     CommitNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "COMMIT_NOT_FOUND"),
+    CommitAbandoned: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "COMMIT_ABANDONED"),
+    NotQuarantined: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "NOT_QUARANTINED"),
     ConversationNotFound: StatusRule(grpc.StatusCode.NOT_FOUND, "CONVERSATION_NOT_FOUND"),
     CursorExpired: StatusRule(grpc.StatusCode.FAILED_PRECONDITION, "CURSOR_EXPIRED"),
     Unavailable: StatusRule(

@@ -17,7 +17,7 @@ from service.api import convert
 from service.domain.committer import MessageCommitter
 from service.domain.errors import InvalidRequest
 from service.domain.ids import CommitKey
-from service.domain.model import CommitState, RecoveryItem
+from service.domain.model import AbandonOutcome, CommitState, RecoveryItem
 from service.gen.message_committer.v1 import recovery_pb2 as pb
 from service.gen.message_committer.v1 import recovery_pb2_grpc
 
@@ -70,7 +70,9 @@ def item_to_proto(item: RecoveryItem) -> pb.RecoveryItem:
     return msg
 
 
-def _key(request: pb.GetRecoveryItemRequest | pb.RetryQuarantinedRequest) -> CommitKey:
+def _key(
+    request: pb.GetRecoveryItemRequest | pb.RetryQuarantinedRequest | pb.AbandonQuarantinedRequest,
+) -> CommitKey:
     return CommitKey(request.tenant, request.sender, request.client_message_id).validate()
 
 
@@ -104,3 +106,18 @@ class RecoveryAdminServicer(recovery_pb2_grpc.RecoveryAdminServiceServicer):
     ) -> pb.RetryQuarantinedResponse:
         message = await self._committer.retry_quarantined(_key(request))
         return pb.RetryQuarantinedResponse(message=convert.committed_to_proto(message))
+
+    async def AbandonQuarantined(
+        self, request: pb.AbandonQuarantinedRequest, context: Context
+    ) -> pb.AbandonQuarantinedResponse:
+        done = await self._committer.abandon_quarantined(
+            _key(request), request.operator, request.reason
+        )
+        return pb.AbandonQuarantinedResponse(
+            abandoned_now=done.outcome is AbandonOutcome.ABANDONED,
+            conversation=done.conversation,
+            seq=done.seq,
+            abandoned_at_ms=done.at_ms,
+            operator=done.operator,
+            reason=done.reason,
+        )

@@ -29,11 +29,13 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from service.domain.errors import (
+    CommitAbandoned,
     CommitNotFound,
     ConversationNotFound,
     IdempotencyConflict,
     InvalidRequest,
     NotAMember,
+    NotQuarantined,
     QuotaExceeded,
     Recoverable,
     StoreConflict,
@@ -48,6 +50,9 @@ from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, Point
 from service.domain.ids import CommitKey
 from service.domain.limits import CommitLimits, SenderQuota, validate_history_query, validate_send
 from service.domain.model import (
+    Abandoned,
+    Abandonment,
+    AbandonOutcome,
     Admission,
     AuthenticatedSend,
     CommitIntent,
@@ -100,6 +105,11 @@ class _NoObserver:
 
     def recovered(self, report: RecoveryReport) -> None:
         pass
+
+
+MAX_AUDIT_OPERATOR = 100
+MAX_AUDIT_REASON = 500
+"""Bounds of an abandon's audit fields (operator text, never message content)."""
 
 
 def new_message_id(now_ms: int) -> str:
@@ -259,6 +269,8 @@ class MessageCommitter:
         if isinstance(result, Conflict):
             self._observer.outcome("conflict")
             raise IdempotencyConflict(key)
+        if isinstance(result, Abandoned):
+            raise self._abandoned()
         self.faults.check(FaultPoint.AFTER_RESERVE)
         return await self._drive(result.intent)
 
@@ -286,6 +298,8 @@ class MessageCommitter:
             return loaded.message
         if isinstance(loaded, InProgress):
             return await self._drive(loaded.intent)
+        if isinstance(loaded, Abandoned):
+            raise self._abandoned()
         self._observer.outcome("conflict")  # the key is another message's: that is the truth
         raise IdempotencyConflict(request.key)
 
@@ -334,6 +348,8 @@ class MessageCommitter:
                 loaded = await self._load(key, conversation)
                 if isinstance(loaded, Committed):
                     return self._acked(loaded.message)
+                if isinstance(loaded, Abandoned):  # an operator abandoned it meanwhile
+                    raise self._abandoned() from exc
                 if not isinstance(loaded, InProgress):
                     raise self._recoverable(key, conversation, "intent unreadable", exc) from exc
                 intent = loaded.intent
@@ -352,6 +368,10 @@ class MessageCommitter:
         if split is not None:
             self.faults.check(split)
         return committed
+
+    def _abandoned(self) -> CommitAbandoned:
+        self._observer.outcome("rejected", "abandoned")
+        return CommitAbandoned()
 
     def _acked(self, message: CommittedMessage) -> CommittedMessage:
         self.faults.check(FaultPoint.AFTER_COMMIT_BEFORE_ACK)
@@ -385,6 +405,8 @@ class MessageCommitter:
         loaded = await self._load(key, conversation)
         if loaded is None or isinstance(loaded, Conflict):
             raise CommitNotFound("no commit for this key in this conversation")
+        if isinstance(loaded, Abandoned):
+            raise self._abandoned()
         if isinstance(loaded, Committed):
             self._observer.outcome("replayed")
             return loaded.message
@@ -399,6 +421,8 @@ class MessageCommitter:
         if isinstance(loaded, Conflict):
             self._observer.outcome("conflict")
             raise IdempotencyConflict(request.key)
+        if isinstance(loaded, Abandoned):
+            raise self._abandoned()
         if isinstance(loaded, Committed):
             self._observer.outcome("replayed")
             return loaded.message
@@ -489,9 +513,40 @@ class MessageCommitter:
         loaded = await self._load(key, item.conversation)
         if isinstance(loaded, Committed):
             return loaded.message
+        if isinstance(loaded, Abandoned):
+            raise self._abandoned()
         if not isinstance(loaded, InProgress):
             raise CommitNotFound("no unfinished intent for this key")
         return await self._drive(loaded.intent)
+
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        """An operator's final word on a quarantined intent (audited): its key then
+        answers CommitAbandoned, its seq is a permanent gap, retention is released.
+        Twice is the same as once; any key not quarantined is refused unchanged."""
+        key.validate()
+        operator, reason = operator.strip(), reason.strip()
+        if not 1 <= len(operator) <= MAX_AUDIT_OPERATOR or not operator.isprintable():
+            raise InvalidRequest(
+                f"operator must be 1-{MAX_AUDIT_OPERATOR} printable characters (it is logged)"
+            )
+        if not 1 <= len(reason) <= MAX_AUDIT_REASON or not reason.isprintable():
+            raise InvalidRequest(f"reason must be 1-{MAX_AUDIT_REASON} printable characters")
+        try:
+            done = await self._store.abandon_quarantined(key, operator, reason)
+        except StoreError as exc:
+            raise Unavailable("the recovery queue is unavailable: backend error") from exc
+        if done.outcome is AbandonOutcome.NOT_QUARANTINED:
+            raise NotQuarantined(
+                "this key has no quarantined intent; only a quarantined intent can be"
+                " abandoned (see `message-committer quarantine list`)"
+            )
+        log.warning(
+            "operator %s abandoned a quarantined intent: tenant=%s sender=%s cmid=%s"
+            " conversation=%s seq=%d (%s)",
+            done.operator, key.tenant, key.sender, key.cmid, done.conversation, done.seq,
+            done.outcome.value,
+        )  # fmt: skip
+        return done
 
     # --- reads -------------------------------------------------------------
 

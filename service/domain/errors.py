@@ -34,6 +34,9 @@
     ├── IdempotencyConflict      the key was used before by a different request
     ├── Recoverable              the commit stopped part-way; the same key finishes it
     ├── CommitNotFound           resume of a key that was never reserved
+    ├── CommitAbandoned          an operator abandoned the key's quarantined intent:
+    │                            never ACKed; send again with a new cmid
+    ├── NotQuarantined           abandon of a key that has no quarantined intent
     ├── CursorExpired            a mailbox cursor below the trim watermark, of another
     │                            epoch, or ahead of the lane: rebuild, never an
     │                            empty page
@@ -196,6 +199,22 @@ class Recoverable(CommitError):
 
 class CommitNotFound(CommitError):
     """Resume was asked for a key that has no intent (or it expired)."""
+
+
+class CommitAbandoned(CommitError):
+    """An operator abandoned this key's quarantined intent: it is never ACKed and
+    never recoverable; the key refuses every send for the idempotency window."""
+
+    def __init__(
+        self,
+        message: str = "this send was abandoned by an operator; send again with a new"
+        " client_message_id",
+    ) -> None:
+        super().__init__(message)
+
+
+class NotQuarantined(CommitError):
+    """Abandon was asked for a key that has no quarantined intent (nothing changed)."""
 
 
 class CursorExpired(CommitError):

@@ -263,8 +263,16 @@ class Conflict:
     key: CommitKey
 
 
-ReserveResult = Reserved | InProgress | Committed | Conflict
-LoadedCommit = InProgress | Committed | Conflict
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """An operator abandoned the key's quarantined intent: never ACKed, never
+    recoverable, and not reserved again within the idempotency window."""
+
+    key: CommitKey
+
+
+ReserveResult = Reserved | InProgress | Committed | Conflict | Abandoned
+LoadedCommit = InProgress | Committed | Conflict | Abandoned
 
 
 # --- history ---------------------------------------------------------------------
@@ -297,6 +305,9 @@ class HistoryPage:
     * ``available_from_seq``: every seq below it was trimmed or expired; a
       missing seq at or above it was never recorded (a lost reservation race,
       or an intent recovery has not finished yet): a gap, not a loss.
+    * ``abandoned_seqs``: the missing seqs within this page's span that will
+      never be recorded (an operator abandoned their quarantined intent): a
+      permanent gap, unlike the other missing seqs, which may still fill.
     * ``last_seq``: the highest sequence number allocated so far.
     * ``next_anchor``: pass as ``anchor_seq`` for the next page; 0 when the
       page reached the end in its direction.
@@ -311,6 +322,7 @@ class HistoryPage:
     last_seq: int
     next_anchor: int = 0
     truncated_by_bytes: bool = False
+    abandoned_seqs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +441,28 @@ class RecoveryStats:
     """Creation time of the oldest unfinished intent still in the queue (the
     quarantined ones have an alert of their own)."""
     quarantined: int
+
+
+class AbandonOutcome(enum.StrEnum):
+    """What ``abandon_quarantined`` did."""
+
+    ABANDONED = "abandoned"
+    ALREADY_ABANDONED = "already_abandoned"
+    NOT_QUARANTINED = "not_quarantined"
+    """Refused: the key has no quarantined intent (nothing was changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abandonment:
+    """The audit record of an abandon: who, when (the store's time), why, and the
+    seq left as a permanent gap (0 when the intent's seq could not be read)."""
+
+    outcome: AbandonOutcome
+    conversation: str = ""
+    seq: int = 0
+    at_ms: int = 0
+    operator: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

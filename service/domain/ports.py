@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandoned,
+    Abandonment,
     Admission,
     AuthenticatedSend,
     CommitIntent,
@@ -110,13 +112,15 @@ class StoredCommit:
     """What a backend read for one key, before any interpretation.
 
     ``intent`` is None once the record was compacted at COMMITTED; then
-    ``committed`` carries the coordinates.
+    ``committed`` carries the coordinates. ``abandoned``: an operator abandoned
+    the key's quarantined intent (``intent`` and ``committed`` are None).
     """
 
     identity: bytes
     conversation: str
     intent: CommitIntent | None
     committed: CommittedMessage | None
+    abandoned: bool = False
 
 
 Hook = Callable[[], None]
@@ -229,16 +233,16 @@ class MessageStore(abc.ABC):
         stored = await self._load(key)
         if stored is None or stored.conversation != conversation:
             return None
-        return _interpret(stored)
+        return _interpret(key, stored)
 
     async def load_commit_for_request(self, request: AuthenticatedSend) -> LoadedCommit | None:
         """The key's state if its durable identity is this request's, else Conflict."""
         stored = await self._load(request.key)
         if stored is None:
             return None
-        if not request.matches_identity(stored.identity):
-            return Conflict(request.key)
-        return _interpret(stored)
+        if not stored.abandoned and not request.matches_identity(stored.identity):
+            return Conflict(request.key)  # an abandoned key refuses every send alike
+        return _interpret(request.key, stored)
 
     # --- the recovery queue (DESIGN §12) ------------------------------------------
 
@@ -278,6 +282,16 @@ class MessageStore(abc.ABC):
         False when ``key`` is not quarantined."""
 
     @abc.abstractmethod
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        """An operator's final word on a quarantined intent, in one atomic step:
+        the intent leaves the queue and the quarantine, the key keeps a tombstone
+        with the audit record (who, when by the store's time, why) that answers
+        Abandoned until the idempotency window has passed, the seq is recorded as
+        a permanent history gap and retention's pin on it is released.
+        ALREADY_ABANDONED (and the first audit record) for a key abandoned
+        before; NOT_QUARANTINED, with nothing written, for any other key."""
+
+    @abc.abstractmethod
     async def recovery_stats(self) -> RecoveryStats:
         """The oldest queued (not quarantined) intent's creation time and the
         quarantine size, from the indexes alone."""
@@ -295,7 +309,9 @@ class MessageStore(abc.ABC):
         return None
 
 
-def _interpret(stored: StoredCommit) -> LoadedCommit:
+def _interpret(key: CommitKey, stored: StoredCommit) -> LoadedCommit:
+    if stored.abandoned:
+        return Abandoned(key)
     if stored.committed is not None:
         return Committed(stored.committed)
     assert stored.intent is not None

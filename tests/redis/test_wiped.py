@@ -81,6 +81,7 @@ async def test_every_script_refuses_a_shard_without_the_deployment_identity(
             item, retry_after_ms=1, quarantine=True, problem="p"
         ),
         "release_quarantined": lambda: store.release_quarantined(intent.key),
+        "abandon_quarantined": lambda: store.abandon_quarantined(intent.key, "ops", "why"),
         "recovery_item": lambda: store.recovery_item(intent.key),
         "admission": lambda: members.admission(tenant, "c1", "alice"),
         "members_at": lambda: members.members_at(tenant, "c1", None, "", 10),

@@ -17,6 +17,7 @@ from service.api.errors import (
     RequestTooLarge,
 )
 from service.domain.errors import (
+    CommitAbandoned,
     CommitError,
     CommitNotFound,
     ConversationNotFound,
@@ -25,6 +26,7 @@ from service.domain.errors import (
     InvalidClientMessageId,
     InvalidRequest,
     NotAMember,
+    NotQuarantined,
     QuotaExceeded,
     Recoverable,
     StoreConflict,
@@ -52,6 +54,8 @@ EXAMPLES: list[tuple[CommitError, grpc.StatusCode]] = [
         CursorExpired("inbox", 2, 17, "entries after it were trimmed"),
         grpc.StatusCode.FAILED_PRECONDITION,
     ),
+    (CommitAbandoned(), grpc.StatusCode.FAILED_PRECONDITION),
+    (NotQuarantined("this key has no quarantined intent"), grpc.StatusCode.FAILED_PRECONDITION),
     (Unavailable("membership is unavailable: backend error"), grpc.StatusCode.UNAVAILABLE),
     (FailClosed("writes refused until the backend is fixed: ..."), grpc.StatusCode.UNAVAILABLE),
 ]

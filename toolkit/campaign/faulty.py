@@ -18,6 +18,8 @@ from typing import TypeVar
 from service.domain.errors import StoreCorrupt, StoreOutcomeUnknown, StoreUnavailable
 from service.domain.ids import CommitKey
 from service.domain.model import (
+    Abandonment,
+    AbandonOutcome,
     Admission,
     AuthenticatedSend,
     CommitIntent,
@@ -236,6 +238,12 @@ class FaultyStore(MessageStore):
 
     async def release_quarantined(self, key: CommitKey) -> bool:
         return await self.inner.release_quarantined(key)
+
+    async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
+        done = await self.inner.abandon_quarantined(key, operator, reason)
+        if done.outcome is not AbandonOutcome.NOT_QUARANTINED:
+            self.poisoned.discard(key)  # the undecodable bytes were replaced by the tombstone
+        return done
 
     async def recovery_stats(self) -> RecoveryStats:
         return await self.inner.recovery_stats()

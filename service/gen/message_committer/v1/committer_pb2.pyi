@@ -351,6 +351,7 @@ class HistoryPage(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     NEXT_ANCHOR_FIELD_NUMBER: _builtins.int
     TRUNCATED_BY_BYTES_FIELD_NUMBER: _builtins.int
+    ABANDONED_SEQS_FIELD_NUMBER: _builtins.int
     conversation: _builtins.str
     """The conversation read."""
     direction: Global___Direction.ValueType
@@ -375,6 +376,13 @@ class HistoryPage(_message.Message):
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
         """The records, in page order."""
 
+    @_builtins.property
+    def abandoned_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The missing sequence numbers within this page's span that will never be
+        recorded: an operator abandoned their quarantined intent. A permanent gap,
+        unlike any other missing sequence number, which may still fill.
+        """
+
     def __init__(
         self,
         *,
@@ -387,10 +395,11 @@ class HistoryPage(_message.Message):
         last_seq: _builtins.int = ...,
         next_anchor: _builtins.int = ...,
         truncated_by_bytes: _builtins.bool = ...,
+        abandoned_seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor_seq", b"anchor_seq", "available_from_seq", b"available_from_seq", "conversation", b"conversation", "direction", b"direction", "last_seq", b"last_seq", "max_bytes", b"max_bytes", "next_anchor", b"next_anchor", "records", b"records", "truncated_by_bytes", b"truncated_by_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned_seqs", b"abandoned_seqs", "anchor_seq", b"anchor_seq", "available_from_seq", b"available_from_seq", "conversation", b"conversation", "direction", b"direction", "last_seq", b"last_seq", "max_bytes", b"max_bytes", "next_anchor", b"next_anchor", "records", b"records", "truncated_by_bytes", b"truncated_by_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -285,3 +285,83 @@ class RetryQuarantinedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetryQuarantinedResponse: _TypeAlias = RetryQuarantinedResponse  # noqa: Y015
+
+@_typing.final
+class AbandonQuarantinedRequest(_message.Message):
+    """Request of AbandonQuarantined."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    SENDER_FIELD_NUMBER: _builtins.int
+    CLIENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant of the key."""
+    sender: _builtins.str
+    """The sender of the key."""
+    client_message_id: _builtins.str
+    """The client_message_id of the key."""
+    operator: _builtins.str
+    """Who abandons it (1-100 characters), for the audit record."""
+    reason: _builtins.str
+    """Why (1-500 characters, never message content), for the audit record."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        sender: _builtins.str = ...,
+        client_message_id: _builtins.str = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_message_id", b"client_message_id", "operator", b"operator", "reason", b"reason", "sender", b"sender", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbandonQuarantinedRequest: _TypeAlias = AbandonQuarantinedRequest  # noqa: Y015
+
+@_typing.final
+class AbandonQuarantinedResponse(_message.Message):
+    """Response of AbandonQuarantined: the audit record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ABANDONED_NOW_FIELD_NUMBER: _builtins.int
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    ABANDONED_AT_MS_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    abandoned_now: _builtins.bool
+    """False when the key had been abandoned before (this call changed nothing)."""
+    conversation: _builtins.str
+    """The conversation of the intent."""
+    seq: _builtins.int
+    """The sequence number left as a permanent gap; 0 when it could not be read."""
+    abandoned_at_ms: _builtins.int
+    """When it was abandoned (milliseconds since the epoch, the backend's time)."""
+    operator: _builtins.str
+    """Who abandoned it."""
+    reason: _builtins.str
+    """Why."""
+    def __init__(
+        self,
+        *,
+        abandoned_now: _builtins.bool = ...,
+        conversation: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        abandoned_at_ms: _builtins.int = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned_at_ms", b"abandoned_at_ms", "abandoned_now", b"abandoned_now", "conversation", b"conversation", "operator", b"operator", "reason", b"reason", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbandonQuarantinedResponse: _TypeAlias = AbandonQuarantinedResponse  # noqa: Y015

@@ -50,6 +50,11 @@ class RecoveryAdminServiceStub:
                 request_serializer=message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedRequest.SerializeToString,
                 response_deserializer=message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedResponse.FromString,
                 _registered_method=True)
+        self.AbandonQuarantined = channel.unary_unary(
+                '/message_committer.v1.RecoveryAdminService/AbandonQuarantined',
+                request_serializer=message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedRequest.SerializeToString,
+                response_deserializer=message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedResponse.FromString,
+                _registered_method=True)
 
 
 class RecoveryAdminServiceServicer:
@@ -81,6 +86,20 @@ class RecoveryAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbandonQuarantined(self, request, context):
+        """Gives up on one quarantined intent, for good: it leaves the queue, its key
+        answers FAILED_PRECONDITION with reason COMMIT_ABANDONED for the whole
+        idempotency window (never an ACK, never COMMIT_RECOVERABLE again), its
+        sequence number becomes a permanent gap (HistoryPage.abandoned_seqs) and
+        history retention is released. Audited: who, when and why are kept with
+        the key and logged. Abandoning an abandoned key again answers the first
+        audit record; any key that is not quarantined answers FAILED_PRECONDITION
+        with reason NOT_QUARANTINED and nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecoveryAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +117,11 @@ def add_RecoveryAdminServiceServicer_to_server(servicer, server):
                     servicer.RetryQuarantined,
                     request_deserializer=message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedRequest.FromString,
                     response_serializer=message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedResponse.SerializeToString,
+            ),
+            'AbandonQuarantined': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonQuarantined,
+                    request_deserializer=message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedRequest.FromString,
+                    response_serializer=message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +206,33 @@ class RecoveryAdminService:
             '/message_committer.v1.RecoveryAdminService/RetryQuarantined',
             message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedRequest.SerializeToString,
             message__committer_dot_v1_dot_recovery__pb2.RetryQuarantinedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonQuarantined(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/message_committer.v1.RecoveryAdminService/AbandonQuarantined',
+            message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedRequest.SerializeToString,
+            message__committer_dot_v1_dot_recovery__pb2.AbandonQuarantinedResponse.FromString,
             options,
             channel_credentials,
             insecure,

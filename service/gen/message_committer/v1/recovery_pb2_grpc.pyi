@@ -53,6 +53,16 @@ class RecoveryAdminServiceStub:
     queue (retried with backoff, quarantined again if it keeps failing) and
     the call answers UNAVAILABLE with reason COMMIT_RECOVERABLE.
     """
+    AbandonQuarantined: _grpc.UnaryUnaryMultiCallable[_recovery_pb2.AbandonQuarantinedRequest, _recovery_pb2.AbandonQuarantinedResponse]
+    """Gives up on one quarantined intent, for good: it leaves the queue, its key
+    answers FAILED_PRECONDITION with reason COMMIT_ABANDONED for the whole
+    idempotency window (never an ACK, never COMMIT_RECOVERABLE again), its
+    sequence number becomes a permanent gap (HistoryPage.abandoned_seqs) and
+    history retention is released. Audited: who, when and why are kept with
+    the key and logged. Abandoning an abandoned key again answers the first
+    audit record; any key that is not quarantined answers FAILED_PRECONDITION
+    with reason NOT_QUARANTINED and nothing changes.
+    """
 
 @_typing.type_check_only
 class RecoveryAdminServiceAsyncStub(RecoveryAdminServiceStub):
@@ -70,6 +80,16 @@ class RecoveryAdminServiceAsyncStub(RecoveryAdminServiceStub):
     success returns its CommittedMessage; on failure the intent stays in the
     queue (retried with backoff, quarantined again if it keeps failing) and
     the call answers UNAVAILABLE with reason COMMIT_RECOVERABLE.
+    """
+    AbandonQuarantined: _aio.UnaryUnaryMultiCallable[_recovery_pb2.AbandonQuarantinedRequest, _recovery_pb2.AbandonQuarantinedResponse]  # type: ignore[assignment]
+    """Gives up on one quarantined intent, for good: it leaves the queue, its key
+    answers FAILED_PRECONDITION with reason COMMIT_ABANDONED for the whole
+    idempotency window (never an ACK, never COMMIT_RECOVERABLE again), its
+    sequence number becomes a permanent gap (HistoryPage.abandoned_seqs) and
+    history retention is released. Audited: who, when and why are kept with
+    the key and logged. Abandoning an abandoned key again answers the first
+    audit record; any key that is not quarantined answers FAILED_PRECONDITION
+    with reason NOT_QUARANTINED and nothing changes.
     """
 
 class RecoveryAdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -103,6 +123,22 @@ class RecoveryAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         success returns its CommittedMessage; on failure the intent stays in the
         queue (retried with backoff, quarantined again if it keeps failing) and
         the call answers UNAVAILABLE with reason COMMIT_RECOVERABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def AbandonQuarantined(
+        self,
+        request: _recovery_pb2.AbandonQuarantinedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_recovery_pb2.AbandonQuarantinedResponse, _abc.Awaitable[_recovery_pb2.AbandonQuarantinedResponse]]:
+        """Gives up on one quarantined intent, for good: it leaves the queue, its key
+        answers FAILED_PRECONDITION with reason COMMIT_ABANDONED for the whole
+        idempotency window (never an ACK, never COMMIT_RECOVERABLE again), its
+        sequence number becomes a permanent gap (HistoryPage.abandoned_seqs) and
+        history retention is released. Audited: who, when and why are kept with
+        the key and logged. Abandoning an abandoned key again answers the first
+        audit record; any key that is not quarantined answers FAILED_PRECONDITION
+        with reason NOT_QUARANTINED and nothing changes.
         """
 
 def add_RecoveryAdminServiceServicer_to_server(servicer: RecoveryAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
