@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     included (cheap, one per worker), is spread over both workers; a module whose
     cases share a module-scoped fixture (a served backend, say) keeps them on one
     worker. The group is written into the node id as xdist itself does (``id@group``)."""
-    if not config.getvalue("loadgroup"):
+    if not config.getoption("loadgroup", default=False):  # absent when xdist is not loaded
         return
     for item in items:
         group = _group_of(item)
