@@ -2,7 +2,8 @@
 
 ``ClientRuntime`` over a ``LocalStore`` (SQLite, ``open_local_store``) and a
 ``Connector`` (gRPC, ``GrpcConnector``). See ``client.runtime`` for the cycle
-and ``client.events`` for what a host reads.
+and ``client.events`` for what a host reads. The fault points the test
+campaigns drive (``client.faults``) are not part of this surface.
 """
 
 from client.config import RuntimeConfig
@@ -34,7 +35,6 @@ from client.events import (
     SendConfirmed,
     SendFailed,
 )
-from client.faults import ClientCrash, ClientFaults, ClientPoint
 from client.model import (
     ConnectRequest,
     ExpiredCursor,
@@ -64,10 +64,7 @@ from service.domain.model import (  # the service's own types a host reads and w
 __all__ = [
     "AccountMismatch",
     "AlreadyConnected",
-    "ClientCrash",
     "ClientEvent",
-    "ClientFaults",
-    "ClientPoint",
     "ClientRuntime",
     "ClientRuntimeError",
     "CommittedMessage",

@@ -30,3 +30,17 @@ async def test_the_documented_example_runs(servers: MemoryServers, tmp_path: Pat
     async with asyncio.timeout(30):
         bodies = await say_hi(servers.target, str(tmp_path / "alice.sqlite3"))
     assert bodies == [b"hi bob"]
+
+
+def test_the_public_surface_is_what_a_host_needs_and_no_test_hooks() -> None:
+    """Everything in ``client.__all__`` is importable from ``client``; the fault
+    points and crash type that only the test campaigns drive are not in it, and
+    a host needs nothing from ``service.domain``: its types come re-exported."""
+    import client
+
+    exported = set(client.__all__)
+    assert all(hasattr(client, name) for name in exported)
+    assert not exported & {"ClientCrash", "ClientFaults", "ClientPoint"}
+    needed = {"ClientRuntime", "RuntimeConfig", "GrpcConnector", "open_local_store"}
+    needed |= {"SendMessage", "SendConfirmed", "SendFailed", "MessageContent", "MessageType"}
+    assert needed <= exported

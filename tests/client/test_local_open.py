@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from client import (
-    ClientCrash,
-    ClientPoint,
     ConnectRequest,
     LocalStoreFailure,
     LocalStoreReset,
@@ -22,6 +20,7 @@ from client import (
 )
 from client.codec import send_to_bytes
 from client.errors import LocalSchemaError, LocalStoreCorrupt
+from client.faults import ClientCrash, ClientPoint
 from client.sqlite import schema
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
 from tests.client.support import Client, MemoryServers, eventually, history

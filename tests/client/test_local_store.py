@@ -10,9 +10,6 @@ import pytest
 
 from client import (
     AccountMismatch,
-    ClientCrash,
-    ClientFaults,
-    ClientPoint,
     ConnectRequest,
     DuplicateClientMessageId,
     LocalStoreBusy,
@@ -23,6 +20,7 @@ from client import (
     in_memory_store_for_test,
     open_local_store,
 )
+from client.faults import ClientCrash, ClientFaults, ClientPoint
 from client.model import Backfill, ConversationSummary, ExpiredCursor, MailboxEvent
 from client.sqlite import SqliteLocalStore
 from service.domain.model import (

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from client import (
-    ClientCrash,
-    ClientPoint,
     CursorExpired,
     LocalStoreReset,
     MessagesAdded,
@@ -21,6 +19,7 @@ from client import (
     RebuildStarted,
     SendConfirmed,
 )
+from client.faults import ClientCrash, ClientPoint
 from tests.client.deployments import Deployment, MemoryDeployment, ProcessDeployment, create
 from tests.client.support import Client, eventually, history
 from tests.servers.redis_server import initialise_prefix

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from client import ClientPoint, SendConfirmed, SendFailed, SendMessage
+from client import SendConfirmed, SendFailed, SendMessage
+from client.faults import ClientPoint
 from tests.client.support import Client, MemoryServers, eventually, history, text
 
 pytestmark = pytest.mark.e2e

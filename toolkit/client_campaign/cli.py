@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from client import ClientPoint
+from client.faults import ClientPoint
 from toolkit.client_campaign.scenario import ABANDONED, Options, SeedResult, run_seed
 
 PROG = "message-committer client-campaign"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from client import (
     ClientEvent,
-    ClientFaults,
     ClientRuntime,
     ConnectRequest,
     GrpcConnector,
@@ -25,6 +24,7 @@ from client import (
     SendConfirmed,
     open_local_store,
 )
+from client.faults import ClientFaults
 from client.store import LocalStore
 from client.transport import GrpcServerApi
 

@@ -52,9 +52,7 @@ from types import FrameType
 from typing import Any
 
 from client import (
-    ClientCrash,
     ClientEvent,
-    ClientPoint,
     ClientRuntimeError,
     ConnectionState,
     LocalStoreReset,
@@ -64,6 +62,7 @@ from client import (
     SendConfirmed,
     SendMessage,
 )
+from client.faults import ClientCrash, ClientPoint
 from service.client import CommitClient, RetryPolicy
 from service.domain.faults import FaultPoint, RelayPoint
 from service.domain.model import Direction, HistoryQuery, MessageContent, MessageRecord, MessageType
