@@ -48,9 +48,12 @@ class RuntimeConfig:
     reaches, for messages committed out of seq order."""
 
     history_check_after_s: float = 6 * 86_400.0
-    """A pending send first sent longer ago than this is also looked for in its
-    conversation's history before ResumeExisting: past the server's
-    idempotency window (7 days by default) a key is no longer known there."""
+    """Only for a server that does not state its idempotency window in
+    ResumeExisting's answer: a pending send first sent longer ago than this,
+    and not found by ResumeExisting, is looked for in its conversation's
+    history before it goes out again. A server that states its window
+    (``idempotency_window_ms``) sets this bound itself: the window less a
+    seventh of it (at least a minute)."""
 
     history_check_pages: int = 20
     """Most history pages that look-up reads."""

@@ -200,18 +200,28 @@ class Supervisor:
             if own is not None:
                 await rt.settle_found(p, own.record)
                 continue
-            age_ms = rt.now_ms() - p.first_attempt_ms
-            if age_ms > self.cfg.history_check_after_s * 1000 and await self.in_history(api, p):
-                continue
             try:
-                found = await api.resume_existing(p.send)
+                existing = await api.find_existing(p.send)
             except CommitError as exc:
                 await self.failed(p, exc)
                 continue
-            if found is not None:
+            if existing.message is not None:
                 rt.hit(ClientPoint.RESUMED_BEFORE_RESOLVE)
-                await rt.confirm(p, found, "resume")
+                await rt.confirm(p, existing.message, "resume")
+                continue
+            age_ms = rt.now_ms() - p.first_attempt_ms
+            if age_ms > self.history_check_after_ms(existing.idempotency_window_ms):
+                await self.in_history(api, p)
             # not found: it stays pending and goes out again with the same id
+
+    def history_check_after_ms(self, window_ms: int) -> float:
+        """How old a send "not found" by ResumeExisting must be before its
+        history is read: the server may have forgotten a key that old. Tied to
+        the window the server states (with a seventh of it, at least a minute,
+        as margin); ``history_check_after_s`` only for a server that states none."""
+        if window_ms <= 0:
+            return self.cfg.history_check_after_s * 1000
+        return max(0, window_ms - max(HISTORY_CHECK_SLACK_MS, window_ms // 7))
 
     async def in_history(self, api: ServerApi, p: PendingSend) -> bool:
         """Look for the send's cmid in its conversation's history, newest first,

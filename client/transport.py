@@ -33,7 +33,7 @@ from client.model import (
     MailboxPage,
 )
 from service.api import convert, errors
-from service.client import ClientTls, CommitClient, RetryPolicy
+from service.client import ClientTls, CommitClient, ExistingSend, RetryPolicy
 from service.domain.errors import Unavailable
 from service.domain.model import (
     AuthenticatedSend,
@@ -64,8 +64,9 @@ class ServerApi(abc.ABC):
         """Commit (or replay the ACK of) ``send``; the ACK deadline applies."""
 
     @abc.abstractmethod
-    async def resume_existing(self, send: AuthenticatedSend) -> CommittedMessage | None:
-        """The commit of exactly ``send`` if its key was ever reserved, else None."""
+    async def find_existing(self, send: AuthenticatedSend) -> ExistingSend:
+        """The commit of exactly ``send`` if the server still knows its key, with
+        the server's idempotency window (past it, "not found" proves nothing)."""
 
     @abc.abstractmethod
     async def history(self, query: HistoryQuery) -> HistoryPage: ...
@@ -158,8 +159,8 @@ class GrpcServerApi(ServerApi):
     async def commit(self, send: AuthenticatedSend) -> CommittedMessage:
         return await self._acks.commit(send)
 
-    async def resume_existing(self, send: AuthenticatedSend) -> CommittedMessage | None:
-        return await self._reads.resume_existing(send)
+    async def find_existing(self, send: AuthenticatedSend) -> ExistingSend:
+        return await self._reads.find_existing(send)
 
     async def history(self, query: HistoryQuery) -> HistoryPage:
         return await self._reads.history(query)

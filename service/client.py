@@ -116,6 +116,15 @@ class ConversationSummary:
     lane: str
 
 
+@dataclass(frozen=True, slots=True)
+class ExistingSend:
+    """ResumeExisting's answer: the commit of the send if its key is known, and
+    how long the server keeps keys (0 when it does not say)."""
+
+    message: CommittedMessage | None
+    idempotency_window_ms: int
+
+
 class CommitClient:
     """Calls the v1 services (and health) over one channel."""
 
@@ -215,9 +224,16 @@ class CommitClient:
         return convert.committed_from_proto(response.message)
 
     async def resume_existing(self, send: AuthenticatedSend) -> CommittedMessage | None:
+        """The commit of exactly ``send`` if its key is known, else None."""
+        return (await self.find_existing(send)).message
+
+    async def find_existing(self, send: AuthenticatedSend) -> ExistingSend:
+        """``resume_existing`` with the server's idempotency window: a None past
+        that window does not prove the send was never committed."""
         request = pb.ResumeExistingRequest(send=convert.send_to_proto(send))
         response = await self._call(self._commits.ResumeExisting, request)
-        return convert.committed_from_proto(response.message) if response.found else None
+        found = convert.committed_from_proto(response.message) if response.found else None
+        return ExistingSend(found, response.idempotency_window_ms)
 
     async def recover_due(self, older_than_ms: int = 0, max_items: int = 0) -> RecoveryReport:
         """Work the recovery queue: intents due before ``older_than_ms`` (0: the server's now)."""

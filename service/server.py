@@ -138,7 +138,12 @@ class CommitServer:
             # (service/api/limits.py counts unary RPCs and streams apart)
         )
         committer_pb2_grpc.add_MessageCommitterServiceServicer_to_server(
-            CommitterServicer(committer, clock), self._server
+            CommitterServicer(
+                committer,
+                clock,
+                idempotency_window_ms=config.store_settings().idempotency_window_ms,
+            ),
+            self._server,
         )
         membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
             MembershipServicer(backend.membership, backend.delivery, config.fanout_threshold),

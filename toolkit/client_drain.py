@@ -37,7 +37,7 @@ from client import (
 )
 from client.model import ConversationPage, Heartbeat, MailboxCursor, MailboxPage
 from client.transport import Connector, ServerApi, StreamItem
-from service.client import CommitClient, RetryPolicy
+from service.client import CommitClient, ExistingSend, RetryPolicy
 from service.domain.model import (
     AuthenticatedSend,
     CommittedMessage,
@@ -68,8 +68,8 @@ class AckingApi(ServerApi):
         message_id = f"00000000-0000-7000-8000-{self.seq:012x}"
         return CommittedMessage(send.conversation, send.cmid, message_id, self.seq, 1)
 
-    async def resume_existing(self, send: AuthenticatedSend) -> CommittedMessage | None:
-        return None
+    async def find_existing(self, send: AuthenticatedSend) -> ExistingSend:
+        return ExistingSend(None, 0)
 
     async def history(self, query: HistoryQuery) -> HistoryPage:
         return HistoryPage(query.conversation, query.direction, query.anchor_seq, 0, (), 0, 0)

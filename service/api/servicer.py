@@ -34,9 +34,12 @@ def _send(request: pb.CommitRequest | pb.ResumeExistingRequest) -> Authenticated
 class CommitterServicer(committer_pb2_grpc.MessageCommitterServiceServicer):
     """Serves message_committer.v1.MessageCommitterService over a MessageCommitter."""
 
-    def __init__(self, committer: MessageCommitter, clock: Clock) -> None:
+    def __init__(
+        self, committer: MessageCommitter, clock: Clock, *, idempotency_window_ms: int = 0
+    ) -> None:
         self._committer = committer
         self._clock = clock
+        self._window_ms = idempotency_window_ms
 
     async def Commit(self, request: pb.CommitRequest, context: Context) -> pb.CommitResponse:
         message = await self._committer.commit_send(_send(request))
@@ -53,8 +56,12 @@ class CommitterServicer(committer_pb2_grpc.MessageCommitterServiceServicer):
     ) -> pb.ResumeExistingResponse:
         message = await self._committer.resume_existing(_send(request))
         if message is None:
-            return pb.ResumeExistingResponse(found=False)
-        return pb.ResumeExistingResponse(found=True, message=convert.committed_to_proto(message))
+            return pb.ResumeExistingResponse(found=False, idempotency_window_ms=self._window_ms)
+        return pb.ResumeExistingResponse(
+            found=True,
+            message=convert.committed_to_proto(message),
+            idempotency_window_ms=self._window_ms,
+        )
 
     async def RecoverDue(
         self, request: pb.RecoverDueRequest, context: Context

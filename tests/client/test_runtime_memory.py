@@ -12,8 +12,6 @@ import pytest
 
 from client import (
     AlreadyConnected,
-    ClientCrash,
-    ClientPoint,
     ClientRuntime,
     ConnectionState,
     ConnectRequest,
@@ -32,6 +30,7 @@ from client import (
     SendMessage,
     open_local_store,
 )
+from client.faults import ClientCrash, ClientPoint
 from service.domain.errors import CursorExpired as ServerCursorExpired
 from service.domain.faults import FaultPoint, RelayPoint
 from service.domain.mailbox import MailboxCursor as ServerCursor
@@ -256,8 +255,10 @@ async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
     servers: MemoryServers, new_client: NewClient
 ) -> None:
     """The server has forgotten the key (its window passed); ResumeExisting says
-    "not found" and a resend would commit a second message. The runtime looks in
-    the conversation's history first and finds its own message."""
+    "not found" and a resend would commit a second message. The runtime's own
+    settings are the defaults (which assume a 7-day window): it learns the
+    server's 0.5 s window from ResumeExisting's answer, looks in the
+    conversation's history and finds its own message."""
     slow = replace(FAST, reconnect_initial_s=5.0, reconnect_max_s=5.0)
     alice = new_client("alice", config=slow)
     await alice.start()
@@ -271,7 +272,7 @@ async def test_past_the_idempotency_window_a_lost_ack_is_found_in_history(
     send = AuthenticatedSend(TENANT, "alice", "phone", "general", "old-send", text("long ago"))
     async with await admin(servers.target) as c:
         assert await c.resume_existing(send) is None
-    alice.config = replace(FAST, history_check_after_s=0.0)
+    alice.config = FAST
     await alice.start()
     await eventually(lambda: no_pending(alice))
     [event] = await confirmed(alice, "old-send")

@@ -545,8 +545,16 @@ class ResumeExistingResponse(_message.Message):
 
     FOUND_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_WINDOW_MS_FIELD_NUMBER: _builtins.int
     found: _builtins.bool
     """True when the key was reserved before (and is now committed)."""
+    idempotency_window_ms: _builtins.int
+    """How long this server keeps a key after its first reservation, in
+    milliseconds (MC_IDEMPOTENCY_WINDOW). A key first sent longer ago may be
+    forgotten: found is then false although the send was committed, so a
+    client looks in History before it sends again. 0 from a server that does
+    not say.
+    """
     @_builtins.property
     def message(self) -> Global___CommittedMessage:
         """The committed coordinates; set only when found is true."""
@@ -556,10 +564,11 @@ class ResumeExistingResponse(_message.Message):
         *,
         found: _builtins.bool = ...,
         message: Global___CommittedMessage | None = ...,
+        idempotency_window_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "idempotency_window_ms", b"idempotency_window_ms", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
