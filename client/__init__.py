@@ -51,7 +51,7 @@ from client.runtime import ClientRuntime
 from client.sqlite import SqliteLocalStore, in_memory_store_for_test, open_local_store
 from client.state import ConnectionState
 from client.store import LocalStore
-from client.transport import Connector, GrpcConnector, ServerApi
+from client.transport import CallTimeouts, Connector, GrpcConnector, ServerApi
 from service.domain.model import (  # the service's own types a host reads and writes
     CommittedMessage,
     Direction,
@@ -64,6 +64,7 @@ from service.domain.model import (  # the service's own types a host reads and w
 __all__ = [
     "AccountMismatch",
     "AlreadyConnected",
+    "CallTimeouts",
     "ClientEvent",
     "ClientRuntime",
     "ClientRuntimeError",

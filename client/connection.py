@@ -33,7 +33,7 @@ from client.model import (
 )
 from client.outcomes import Outcome, classify, describe, is_timeout, retry_wait_s
 from client.state import Backoff, ConnectionState, Liveness
-from client.transport import ServerApi
+from client.transport import CallTimeouts, ServerApi
 from service.domain.errors import CommitError
 from service.domain.errors import CursorExpired as ServerCursorExpired
 from service.domain.model import Direction, HistoryQuery
@@ -69,6 +69,7 @@ class Supervisor:
     def __init__(self, runtime: ClientRuntime) -> None:
         self.rt = runtime
         self.cfg = runtime.config
+        self.timeouts = CallTimeouts(self.cfg.ack_timeout_s, self.cfg.rpc_timeout_s)
         self.account = runtime.account
         self.backoff = Backoff(self.cfg.reconnect_initial_s, self.cfg.reconnect_max_s, runtime.rng)
         self.loop = asyncio.get_running_loop()
@@ -96,7 +97,7 @@ class Supervisor:
             corrupt: LocalStoreCorrupt | None = None
             api: ServerApi | None = None
             try:
-                api = rt.connector.open()
+                api = rt.connector.open(self.timeouts)
                 rt.api = api
                 await api.wait_ready()
                 await self.session(api)

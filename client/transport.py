@@ -93,10 +93,20 @@ class ServerApi(abc.ABC):
     async def close(self) -> None: ...
 
 
-class Connector(Protocol):
-    """Opens one connection per attempt."""
+@dataclass(frozen=True, slots=True)
+class CallTimeouts:
+    """The deadlines a connection applies, from ``RuntimeConfig`` (its one home)."""
 
-    def open(self) -> ServerApi: ...
+    ack_s: float
+    """One Commit (``RuntimeConfig.ack_timeout_s``)."""
+    rpc_s: float
+    """Every other call, and the connection coming up (``rpc_timeout_s``)."""
+
+
+class Connector(Protocol):
+    """Opens one connection per attempt, with the runtime's deadlines."""
+
+    def open(self, timeouts: CallTimeouts) -> ServerApi: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +114,10 @@ class GrpcConnector:
     """Connections to one server address over gRPC (TLS when ``tls`` is given)."""
 
     target: str
-    ack_timeout_s: float = 10.0
-    rpc_timeout_s: float = 10.0
     tls: ClientTls | None = None
 
-    def open(self) -> GrpcServerApi:
-        return GrpcServerApi(self)
+    def open(self, timeouts: CallTimeouts) -> GrpcServerApi:
+        return GrpcServerApi(self, timeouts)
 
 
 def _channel(where: GrpcConnector) -> aio.Channel:
@@ -138,11 +146,11 @@ class GrpcServerApi(ServerApi):
     commit and membership calls, the generated stubs for mailboxes and
     ListConversations."""
 
-    def __init__(self, where: GrpcConnector) -> None:
+    def __init__(self, where: GrpcConnector, timeouts: CallTimeouts) -> None:
         self._channel = _channel(where)
-        self._acks = CommitClient(self._channel, _once(where.ack_timeout_s))
-        self._reads = CommitClient(self._channel, _once(where.rpc_timeout_s))
-        self._timeout = where.rpc_timeout_s
+        self._acks = CommitClient(self._channel, _once(timeouts.ack_s))
+        self._reads = CommitClient(self._channel, _once(timeouts.rpc_s))
+        self._timeout = timeouts.rpc_s
         self._mailbox = mailbox_pb2_grpc.MailboxServiceStub(self._channel)
         self._members = membership_pb2_grpc.ConversationMembershipServiceStub(self._channel)
 

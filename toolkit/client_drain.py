@@ -30,13 +30,12 @@ from pathlib import Path
 from client import (
     ClientRuntime,
     ConnectRequest,
-    RuntimeConfig,
     RuntimeStopped,
     SendConfirmed,
     open_local_store,
 )
 from client.model import ConversationPage, Heartbeat, MailboxCursor, MailboxPage
-from client.transport import Connector, ServerApi, StreamItem
+from client.transport import CallTimeouts, Connector, ServerApi, StreamItem
 from service.client import CommitClient, ExistingSend, RetryPolicy
 from service.domain.model import (
     AuthenticatedSend,
@@ -102,7 +101,7 @@ class AckingApi(ServerApi):
 class Acking:
     api: AckingApi = field(default_factory=AckingApi)
 
-    def open(self) -> ServerApi:
+    def open(self, timeouts: CallTimeouts) -> ServerApi:
         return self.api
 
 
@@ -114,9 +113,7 @@ async def drain_rate(sends: int, directory: Path, server: str = "memory") -> flo
         retry = RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.2, deadline_s=10.0)
         async with CommitClient.connect(servers.target, retry=retry) as admin:
             await admin.create_conversation(TENANT, CONVERSATION, [USER, "bob"])
-        connector: Connector = (
-            Acking() if server == "ack" else LateTarget(lambda: servers.target, RuntimeConfig())
-        )
+        connector: Connector = Acking() if server == "ack" else LateTarget(lambda: servers.target)
         account = ConnectRequest(TENANT, USER, DEVICE)
         store = await open_local_store(directory / f"drain-{sends}.sqlite3")
         await store.bind_account(account)

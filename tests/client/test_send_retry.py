@@ -23,7 +23,7 @@ from client import (
     SendMessage,
     open_local_store,
 )
-from client.transport import GrpcServerApi
+from client.transport import CallTimeouts, GrpcServerApi
 from service.domain.errors import Unavailable
 from service.domain.model import AuthenticatedSend, CommittedMessage
 from tests.client.conftest import NewClient
@@ -69,8 +69,8 @@ class CommitsRefusedApi(GrpcServerApi):
 class CommitsRefused:
     target: Callable[[], str]
 
-    def open(self) -> GrpcServerApi:
-        return CommitsRefusedApi(GrpcConnector(self.target(), 3.0, 3.0))
+    def open(self, timeouts: CallTimeouts) -> GrpcServerApi:
+        return CommitsRefusedApi(GrpcConnector(self.target()), timeouts)
 
 
 async def test_a_connection_whose_commits_fail_backs_off_instead_of_cycling(
@@ -114,18 +114,18 @@ class FailingOnce:
     inner: LateTarget
     opened: list[int] = field(default_factory=list)
 
-    def open(self) -> GrpcServerApi:
+    def open(self, timeouts: CallTimeouts) -> GrpcServerApi:
         self.opened.append(1)
         if len(self.opened) == 1:
             raise ValueError("no such address")
-        return self.inner.open()
+        return self.inner.open(timeouts)
 
 
 async def test_a_connector_that_raises_is_an_event_with_a_reason_and_the_cycle_goes_on(
     servers: MemoryServers, tmp_path: Path
 ) -> None:
     store = await open_local_store(tmp_path / "alice.db")
-    connector = FailingOnce(LateTarget(lambda: servers.target, FAST))
+    connector = FailingOnce(LateTarget(lambda: servers.target))
     runtime = ClientRuntime(store, connector, config=FAST)
     seen: list[object] = []
     try:

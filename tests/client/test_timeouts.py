@@ -5,6 +5,7 @@ backoff once the server thaws."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Iterator
 from dataclasses import replace
@@ -12,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from client import ConnectionChanged, ConnectionState, SendConfirmed
-from tests.client.support import FAST, TENANT, Client, admin, eventually, history
+from client import (
+    ClientRuntime,
+    ConnectionChanged,
+    ConnectionState,
+    ConnectRequest,
+    GrpcConnector,
+    SendConfirmed,
+    SendMessage,
+    open_local_store,
+)
+from tests.client.support import FAST, TENANT, Client, admin, eventually, history, text
 from tests.e2e.process import ServeProcess
 
 pytestmark = pytest.mark.e2e
@@ -82,3 +92,38 @@ async def _disconnected(client: Client) -> bool:
 
 async def _confirmed(client: Client, cmid: str) -> bool:
     return any(isinstance(e, SendConfirmed) and e.cmid == cmid for e in client.events)
+
+
+async def test_the_runtime_config_sets_the_deadlines_of_a_connector_built_as_a_host_builds_it(
+    serve: ServeProcess, tmp_path: Path
+) -> None:
+    """A host writes ``GrpcConnector(target)`` and puts its deadlines in
+    ``RuntimeConfig``: a 1 s ACK deadline leaves ONLINE about 1 s after the send
+    to a frozen server, not after a connector default of its own (10 s)."""
+    async with await admin(serve.target) as c:
+        await c.create_conversation(TENANT, "general", ["alice", "bob"])
+    config = replace(FAST, heartbeat_s=1, pong_timeout_s=30, ack_timeout_s=1)
+    store = await open_local_store(tmp_path / "alice.db")
+    runtime = ClientRuntime(store, GrpcConnector(serve.target), config=config)
+    try:
+        await runtime.connect(ConnectRequest(TENANT, "alice", "phone"))
+        await eventually(lambda: _state_is(runtime, ConnectionState.ONLINE))
+        serve.process.send_signal(signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
+        await runtime.send_message(SendMessage("general", text("are you there?")))
+        await eventually(lambda: _state_is_not(runtime, ConnectionState.ONLINE), 15)
+        waited = loop.time() - sent_at
+        # 1 s deadline; 5 s is slack for a loaded machine and well under 10 s
+        assert waited < 5.0, f"left ONLINE {waited:.1f}s after the send"
+    finally:
+        serve.process.send_signal(signal.SIGCONT)
+        await runtime.close()
+
+
+async def _state_is(runtime: ClientRuntime, state: ConnectionState) -> bool:
+    return runtime.state is state
+
+
+async def _state_is_not(runtime: ClientRuntime, state: ConnectionState) -> bool:
+    return runtime.state is not state

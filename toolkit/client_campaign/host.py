@@ -26,7 +26,7 @@ from client import (
 )
 from client.faults import ClientFaults
 from client.store import LocalStore
-from client.transport import GrpcServerApi
+from client.transport import CallTimeouts, GrpcServerApi
 
 TENANT = "acme"
 
@@ -36,11 +36,9 @@ class LateTarget:
     """A connector that reads the server's address at each connection attempt."""
 
     target: Callable[[], str]
-    config: RuntimeConfig
 
-    def open(self) -> GrpcServerApi:
-        c = self.config
-        return GrpcConnector(self.target(), c.ack_timeout_s, c.rpc_timeout_s).open()
+    def open(self, timeouts: CallTimeouts) -> GrpcServerApi:
+        return GrpcConnector(self.target()).open(timeouts)
 
 
 @dataclass
@@ -63,7 +61,7 @@ class ClientHost:
             self.path, synchronous=self.synchronous, faults=self.faults
         )
         runtime = ClientRuntime(
-            store, LateTarget(self.target, self.config), config=self.config, faults=self.faults
+            store, LateTarget(self.target), config=self.config, faults=self.faults
         )
         self.runtime = runtime
         self.incarnations += 1
