@@ -84,7 +84,7 @@ class Supervisor:
         except BaseException as exc:  # a bug: stop with a reason, never hang the host
             self.rt.unexpected[type(exc).__name__] += 1
             log.exception("client runtime: the supervisor stopped on %s", type(exc).__name__)
-            self.rt.fail(f"the connection cycle failed ({type(exc).__name__})")
+            self.rt._fail(f"the connection cycle failed ({type(exc).__name__})")
 
     async def _cycles(self) -> None:
         rt = self.rt
@@ -92,7 +92,7 @@ class Supervisor:
         for _attempt in range(1_000_000_000):  # a runtime's life; each turn waits a backoff
             if rt.stopped:
                 return  # closed or crashed: no new connection
-            rt.set_state(S.CONNECTING)
+            rt._set_state(S.CONNECTING)
             reason = ""
             corrupt: LocalStoreCorrupt | None = None
             api: ServerApi | None = None
@@ -102,7 +102,7 @@ class Supervisor:
                 await api.wait_ready()
                 await self.session(api)
             except ClientCrash as crash:
-                rt.die(crash)
+                rt._die(crash)
                 return
             except LeaveOnline as exc:
                 reason = exc.reason
@@ -119,20 +119,20 @@ class Supervisor:
                 if api is not None:
                     with contextlib.suppress(Exception):
                         await api.close()
-            rt.set_state(S.DISCONNECTED, reason)
+            rt._set_state(S.DISCONNECTED, reason)
             if corrupt is not None:
                 repairs += 1
                 if repairs > MAX_REPAIRS:
-                    rt.fail("the local store stays damaged after repairs")
+                    rt._fail("the local store stays damaged after repairs")
                     return
-                await rt.repair_store(corrupt)
+                await rt._repair_store(corrupt)
             await asyncio.sleep(self.backoff.next_delay())
 
     async def session(self, api: ServerApi) -> None:
         rebuilds = 0
         lanes = await self.listed_lanes(api)
         while True:  # each turn: sync, reconcile, online until a CursorExpired
-            self.rt.set_state(S.SYNCING)
+            self.rt._set_state(S.SYNCING)
             for _ in range(self.cfg.max_rebuilds_per_connection + 1):
                 try:
                     await self.sync_all(api, lanes)
@@ -143,7 +143,7 @@ class Supervisor:
                         raise LeaveOnline("too many rebuilds on one connection") from None
                     await self.rebuild(exc.lane)
             await self.reconcile(api)
-            self.rt.set_state(S.ONLINE)
+            self.rt._set_state(S.ONLINE)
             await self.online(api, unhinted=set(lanes))
 
     # --- sync and rebuild -------------------------------------------------------------
@@ -170,7 +170,7 @@ class Supervisor:
             except ServerCursorExpired as exc:
                 expired = ExpiredCursor(lane, exc.epoch, exc.trim_watermark, exc.why)
                 rt.expired[lane] = expired
-                rt.emit(CursorExpired(lane, exc.epoch, exc.trim_watermark, exc.why))
+                rt._emit(CursorExpired(lane, exc.epoch, exc.trim_watermark, exc.why))
                 raise _Expired(lane) from None
             except CommitError as exc:
                 if lane != INBOX and classify(exc) is Outcome.REFUSED:
@@ -184,10 +184,10 @@ class Supervisor:
     async def rebuild(self, lane: str) -> None:
         rt = self.rt
         expired = rt.expired[lane]
-        rt.set_state(S.REBUILDING, f"cursor of {lane} expired")
+        rt._set_state(S.REBUILDING, f"cursor of {lane} expired")
         await rt.begin_rebuild(expired)
         await rt.finish_rebuild(MailboxCursor(lane, expired.epoch, expired.trim_watermark))
-        rt.set_state(S.SYNCING, "rebuilt")
+        rt._set_state(S.SYNCING, "rebuilt")
 
     # --- reconcile --------------------------------------------------------------------
 
@@ -199,7 +199,7 @@ class Supervisor:
                 continue  # a send that never went out is simply sent
             own = await rt.store.find_own(user, p.cmid)
             if own is not None:
-                await rt.settle_found(p, own.record)
+                await rt._settle_found(p, own.record)
                 continue
             try:
                 existing = await api.find_existing(p.send)
@@ -207,8 +207,8 @@ class Supervisor:
                 await self.failed(p, exc)
                 continue
             if existing.message is not None:
-                rt.hit(ClientPoint.RESUMED_BEFORE_RESOLVE)
-                await rt.confirm(p, existing.message, "resume")
+                rt._hit(ClientPoint.RESUMED_BEFORE_RESOLVE)
+                await rt._confirm(p, existing.message, "resume")
                 continue
             age_ms = rt.now_ms() - p.first_attempt_ms
             if age_ms > self.history_check_after_ms(existing.idempotency_window_ms):
@@ -237,7 +237,7 @@ class Supervisor:
             page = await api.history(query)
             hit = any(r.sender == a.user and r.cmid == p.cmid for r in page.records)
             if hit:
-                rt.report(await rt.guarded(rt.store.apply_history(page)), "history")
+                rt._report(await rt._guarded(rt.store.apply_history(page)), "history")
                 return True
             if not page.next_anchor or all(r.server_ts_ms < since for r in page.records):
                 return False
@@ -322,7 +322,7 @@ class Supervisor:
         if p is None:
             return False
         await rt.store.mark_attempt(p.cmid, rt.now_ms())
-        rt.hit(ClientPoint.ATTEMPT_BEFORE_SEND)
+        rt._hit(ClientPoint.ATTEMPT_BEFORE_SEND)
         try:
             committed = await api.commit(p.send)
         except CommitError as exc:
@@ -330,8 +330,8 @@ class Supervisor:
                 raise LeaveOnline(f"ACK timeout after {self.cfg.ack_timeout_s}s") from None
             await self.failed(p, exc)
             return True
-        rt.hit(ClientPoint.SENT_BEFORE_ACK)
-        await rt.confirm(p, committed, "ack")
+        rt._hit(ClientPoint.SENT_BEFORE_ACK)
+        await rt._confirm(p, committed, "ack")
         return True
 
     async def failed(self, p: PendingSend, exc: CommitError) -> None:
@@ -353,4 +353,4 @@ class Supervisor:
 
     async def park(self, p: PendingSend, error: str, message: str) -> None:
         await self.rt.store.park_pending(p.cmid, f"{error}: {message}")
-        self.rt.emit(SendFailed(p.cmid, p.conversation, error, message))
+        self.rt._emit(SendFailed(p.cmid, p.conversation, error, message))

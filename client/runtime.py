@@ -145,15 +145,15 @@ class ClientRuntime:
             raise ConnectRequired("call connect() first; the runtime has no default account")
         return self._account
 
-    def set_state(self, state: ConnectionState, reason: str = "") -> None:
+    def _set_state(self, state: ConnectionState, reason: str = "") -> None:
         if state is self._state:
             return
         check_transition(self._state, state)
         self._state = state
         log.info("client runtime: %s%s", state.value, f" ({reason})" if reason else "")
-        self.emit(ConnectionChanged(state, reason))
+        self._emit(ConnectionChanged(state, reason))
 
-    def emit(self, event: ClientEvent) -> None:
+    def _emit(self, event: ClientEvent) -> None:
         self._events.put(event)
 
     async def next_event(self) -> ClientEvent:
@@ -178,7 +178,7 @@ class ClientRuntime:
         self._account = request
         report = self.store.reset_report
         if report is not None:
-            self.emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+            self._emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
         for expired in await self.store.rebuilding():  # a REBUILD a crash interrupted
             self.expired[expired.lane] = expired
         from client.connection import Supervisor  # the cycle lives beside the commands
@@ -200,7 +200,7 @@ class ClientRuntime:
             await self.store.close()
         finally:
             if self._state is not ConnectionState.CLOSED:
-                self.set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
+                self._set_state(ConnectionState.CLOSED, "crashed" if self.crash else "closed")
             self._events.close()
 
     async def __aenter__(self) -> ClientRuntime:
@@ -243,7 +243,7 @@ class ClientRuntime:
         if self._stopped:
             raise RuntimeStopped("the runtime was closed or crashed; open a new one")
 
-    def die(self, crash: ClientCrash) -> None:
+    def _die(self, crash: ClientCrash) -> None:
         """An injected crash: stop everything where it is, write nothing more."""
         if self.crash is None:
             self.crash = crash
@@ -253,37 +253,37 @@ class ClientRuntime:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    def fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> None:
         """The connection cycle cannot go on: stop, say why (CLOSED with
         ``reason``), and end the events so ``next_event`` raises RuntimeStopped."""
         self._stopped = True
         if self._state is not ConnectionState.CLOSED:
-            self.set_state(ConnectionState.CLOSED, reason)
+            self._set_state(ConnectionState.CLOSED, reason)
         self._events.close()
 
-    async def repair_store(self, damage: LocalStoreFailure) -> None:
+    async def _repair_store(self, damage: LocalStoreFailure) -> None:
         """The store was found damaged in use: reset it as an open would (pending
         sends kept), bind it again, and report ``LocalStoreReset``."""
         report = await self.store.repair(str(damage))
         self.expired.clear()
         self.sync_wanted.clear()
         await self.store.bind_account(self.account)
-        self.emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+        self._emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
 
-    def hit(self, point: ClientPoint) -> None:
+    def _hit(self, point: ClientPoint) -> None:
         try:
             self.faults.check(point)
         except ClientCrash as crash:
-            self.die(crash)
+            self._die(crash)
             raise
 
-    async def guarded(self, work: Awaitable[T]) -> T:
+    async def _guarded(self, work: Awaitable[T]) -> T:
         """``work``, with an injected crash inside it (a store's mid-batch point)
         stopping the runtime."""
         try:
             return await work
         except ClientCrash as crash:
-            self.die(crash)
+            self._die(crash)
             raise
 
     def _require(self) -> tuple[ConnectRequest, ServerApi | None]:
@@ -319,7 +319,7 @@ class ClientRuntime:
         pending = await self.store.persist_pending(send, self.now_ms())
         if pending.confirmed:
             return pending
-        self.hit(ClientPoint.AFTER_PERSIST)
+        self._hit(ClientPoint.AFTER_PERSIST)
         self.wake.set()
         return pending
 
@@ -330,26 +330,26 @@ class ClientRuntime:
         self.wake.set()
         return again
 
-    async def confirm(self, pending: PendingSend, message: CommittedMessage, via: Via) -> None:
+    async def _confirm(self, pending: PendingSend, message: CommittedMessage, via: Via) -> None:
         """Resolve ``pending`` with the server's answer to this very send (its ACK
         or ResumeExisting: the server compared the identity) and report it once."""
         resolved = await self.store.resolve_pending(message, pending.send.content)
         if resolved is not None:
-            self.emit(SendConfirmed(pending.cmid, message, via))
+            self._emit(SendConfirmed(pending.cmid, message, via))
 
-    async def settle_found(self, pending: PendingSend, found: MessageRecord) -> None:
+    async def _settle_found(self, pending: PendingSend, found: MessageRecord) -> None:
         """A stored message with the pending send's sender and cmid: it confirms
         the send only when its identity is the send's; another identity (another
         device's message, other content) means the server refuses this send."""
         if not codec.same_identity(found, pending.send):
             await self.store.park_pending(pending.cmid, CONFLICT_PROBLEM)
-            self.emit(SendFailed(pending.cmid, pending.conversation, *_conflict()))
+            self._emit(SendFailed(pending.cmid, pending.conversation, *_conflict()))
             return
         r = found
         committed = CommittedMessage(r.conversation, r.cmid, r.message_id, r.seq, r.server_ts_ms)
         resolved = await self.store.resolve_pending(committed, found.content)
         if resolved is not None:
-            self.emit(SendConfirmed(pending.cmid, committed, "mailbox"))
+            self._emit(SendConfirmed(pending.cmid, committed, "mailbox"))
 
     # --- batches --------------------------------------------------------------------------
 
@@ -360,18 +360,18 @@ class ClientRuntime:
         async with self._apply_lock:
             cursor = await self.store.cursor(page.lane) or MailboxCursor(page.lane)
             pages.check_page(cursor, page)
-            applied = await self.guarded(self.store.apply_mailbox_page(page, page.next_cursor))
-            self.hit(ClientPoint.AFTER_BATCH)
-        self.report(applied, "mailbox")
+            applied = await self._guarded(self.store.apply_mailbox_page(page, page.next_cursor))
+            self._hit(ClientPoint.AFTER_BATCH)
+        self._report(applied, "mailbox")
         return applied
 
-    def report(self, applied: Applied, source: Literal["mailbox", "history"]) -> None:
+    def _report(self, applied: Applied, source: Literal["mailbox", "history"]) -> None:
         if applied.added:
-            self.emit(MessagesAdded(applied.added, source))
+            self._emit(MessagesAdded(applied.added, source))
         for c in applied.confirmed:
-            self.emit(SendConfirmed(c.cmid, c.message, source))
+            self._emit(SendConfirmed(c.cmid, c.message, source))
         for k in applied.conflicts:
-            self.emit(SendFailed(k.cmid, k.conversation, *_conflict()))
+            self._emit(SendFailed(k.cmid, k.conversation, *_conflict()))
 
     # --- pulls ------------------------------------------------------------------------------
 
@@ -383,7 +383,7 @@ class ClientRuntime:
             raise InvalidArgument("history is read as the connected account only")
         q = replace(query, tenant=account.tenant, actor=account.user)
         page = await self._pull(api, lambda a: a.history(q))
-        self.report(await self.guarded(self.store.apply_history(page)), "history")
+        self._report(await self._guarded(self.store.apply_history(page)), "history")
         return page
 
     async def pull_members(self, request: MemberPageRequest) -> MemberPage:
@@ -424,12 +424,12 @@ class ClientRuntime:
             floors.append((conversation, max(0, newest - self.config.backfill_overlap)))
         await self.store.begin_rebuild(expired, listed, floors, self.now_ms())
         plan = RebuildPlan(expired.lane, expired.epoch, expired.trim_watermark, tuple(targets))
-        self.emit(RebuildStarted(plan))
+        self._emit(RebuildStarted(plan))
         self._backfilled = 0
         for progress in await self.store.backfills(expired.lane):
             if not progress.done:
                 self._backfilled += await self._backfill(api, account, progress)
-                self.hit(ClientPoint.MID_REBUILD)
+                self._hit(ClientPoint.MID_REBUILD)
         return plan
 
     async def finish_rebuild(self, cursor: MailboxCursor) -> None:
@@ -446,7 +446,7 @@ class ClientRuntime:
                 )
             await self.store.finish_rebuild(cursor)
             del self.expired[cursor.lane]
-            self.emit(RebuildFinished(cursor, self._backfilled))
+            self._emit(RebuildFinished(cursor, self._backfilled))
             self._backfilled = 0
 
     async def list_conversations(
@@ -485,9 +485,9 @@ class ClientRuntime:
             fetched = b.fetched + len(page.records)
             done = pages.backfill_done(page, b.floor_seq, fetched, cfg.backfill_cap)
             b = replace(b, anchor=page.next_anchor, fetched=fetched, done=done)
-            applied = await self.guarded(self.store.apply_backfill(b, page))
+            applied = await self._guarded(self.store.apply_backfill(b, page))
             added += len(applied.added)
-            self.report(applied, "history")
+            self._report(applied, "history")
             if done:
                 break
         return added
