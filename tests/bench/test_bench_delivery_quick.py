@@ -28,7 +28,7 @@ def test_bench_delivery_quick_writes_every_figure(
     if backend == "redis":
         args += ["--redis-url", str(request.getfixturevalue("redis_url"))]
     assert main(args) == 0
-    figures = json.loads(out.read_text())
+    figures = json.loads(out.read_text())["sizes"]
     assert [(f["backend"], f["members"]) for f in figures] == [(backend, 4), (backend, 64)]
     for f in figures:
         assert f["entries"] == f["messages"] * f["members"]
@@ -37,3 +37,22 @@ def test_bench_delivery_quick_writes_every_figure(
         assert f["p99_ms"] >= f["p50_ms"]
     printed = capsys.readouterr().out
     assert "entries/s" in printed and backend in printed
+
+
+def test_bench_delivery_idle_streams_prints_latency_with_and_without_and_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The idle-streams phase alone (``--members ''``): a holder process opens the
+    streams, and the figures come back whole."""
+    out = tmp_path / "idle.json"
+    args = ["--backend", "memory", "--members", "", "--idle-streams", "64"]
+    assert main([*args, "--idle-commits", "50", "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["sizes"] == []
+    [idle] = saved["idle_streams"]
+    assert idle["streams"] == 64 and idle["commits"] == 50
+    for run in ("without", "with", "after"):
+        assert 0 < idle[f"p50_{run}_ms"] <= idle[f"p99_{run}_ms"], run
+    assert idle["p99_ratio"] > 0 and idle["open_s"] >= 0
+    assert isinstance(idle["rss_per_stream_kib"], int | float)
+    assert "idle streams (memory): 64 open" in capsys.readouterr().out

@@ -42,12 +42,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from service.api.limits import MAX_STREAMS
 from service.client import CommitClient, RetryPolicy
 from service.config import ServiceConfig
 from service.domain.mailbox import MailboxCursor
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
 from toolkit.bench.driver import BenchError
 from toolkit.bench.environment import BackendAddress, Environment, run_tag
+from toolkit.bench.idle import IdleFigures, idle_phase, idle_text
 
 BACKENDS = ("memory", "redis", "scylla")
 RELAY_START_S = 60.0
@@ -74,13 +76,20 @@ def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="message-committer bench-delivery", description=__doc__)
     p.add_argument("--backend", required=True, help="memory, redis, scylla, a list, or all")
-    p.add_argument("--members", default="4,64,1000", help="conversation sizes")
+    p.add_argument("--members", default="4,64,1000", help="conversation sizes ('' for none)")
     p.add_argument("--messages", type=int, default=0, help="throughput phase (0: by size)")
     p.add_argument("--latency-messages", type=int, default=100)
     p.add_argument("--pace", type=float, default=0.01, help="pause between latency commits (s)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--body-bytes", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="a smoke run: few messages")
+    p.add_argument(
+        "--idle-streams",
+        type=int,
+        default=0,
+        help="also N idle Subscribe streams: Commit p99 with and without, memory per stream",
+    )
+    p.add_argument("--idle-commits", type=int, default=2000, help="commits per idle-streams run")
     p.add_argument("--json", type=Path, default=Path("bench-delivery.json"), metavar="PATH")
     p.add_argument("--redis-url", default=env("MC_REDIS_URL", ""))
     p.add_argument("--scylla-contact-points", default=env("MC_SCYLLA_CONTACT_POINTS", ""))
@@ -264,7 +273,9 @@ def _quantile(values: Sequence[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-async def _run(args: argparse.Namespace, backends: list[str]) -> list[Figures]:
+async def _run(
+    args: argparse.Namespace, backends: list[str], idle: list[IdleFigures]
+) -> list[Figures]:
     given = BackendAddress(
         redis_url=args.redis_url,
         scylla_contact_points=tuple(p for p in args.scylla_contact_points.split(",") if p),
@@ -281,10 +292,15 @@ async def _run(args: argparse.Namespace, backends: list[str]) -> list[Figures]:
             client = CommitClient.connect(target.address, retry=RETRY)
             try:
                 await relay.wait_started()
-                for members in (int(m) for m in args.members.split(",")):
+                for members in (int(m) for m in args.members.split(",") if m.strip()):
                     figures = await _one_size(client, relay, backend, members, args)
                     results.append(figures)
                     print(_row(figures), flush=True)
+                if args.idle_streams > 0:
+                    tenant = f"bench-idle-{run_tag()}"
+                    found = await idle_phase(client, target.address, backend, tenant, args)
+                    idle.append(found)
+                    print(idle_text(found), flush=True)
             finally:
                 await client.close()
                 relay.close()
@@ -315,13 +331,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench-delivery: --backend must be memory, redis, scylla or all", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
+    if args.idle_streams < 0 or args.idle_streams > MAX_STREAMS or args.idle_commits < 1:
+        print(
+            f"bench-delivery: --idle-streams 0 to {MAX_STREAMS}, --idle-commits >= 1",
+            file=sys.stderr,
+        )
+        return 2
     print(HEADER, flush=True)
+    idle: list[IdleFigures] = []
     try:
-        results = asyncio.run(_run(args, chosen))
+        results = asyncio.run(_run(args, chosen, idle))
     except BenchError as exc:
         print(f"bench-delivery: {exc}", file=sys.stderr)
         return 1
-    args.json.write_text(json.dumps([asdict(f) for f in results], indent=2) + "\n")
+    saved = {"sizes": [asdict(f) for f in results], "idle_streams": [asdict(f) for f in idle]}
+    args.json.write_text(json.dumps(saved, indent=2) + "\n")
     return 0
 
 
