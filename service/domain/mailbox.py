@@ -102,6 +102,10 @@ def parse_lane(lane: str) -> str | None:
     raise InvalidRequest('cursor.lane must be "inbox" or "conversation:<conversation id>"')
 
 
+MAX_CURSOR_VALUE = 2**63 - 1
+"""The highest epoch or seq a cursor may name (the protocol's fields are uint64)."""
+
+
 @dataclass(frozen=True, slots=True)
 class MailboxCursor:
     """Where a client stands in one lane: the last seq it applied in ``epoch``."""
@@ -114,6 +118,10 @@ class MailboxCursor:
         parse_lane(self.lane)
         if self.epoch < 0 or self.seq < 0:
             raise InvalidRequest("cursor epoch and seq must not be negative")
+        if self.epoch > MAX_CURSOR_VALUE or self.seq > MAX_CURSOR_VALUE:
+            # no lane gets there, and the Scylla backend's bigint columns cannot
+            # hold it: the query would fail to encode instead of answering
+            raise InvalidRequest("cursor epoch and seq must be below 2^63: use one Sync returned")
         if self.epoch == 0 and self.seq != 0:
             raise InvalidRequest("a cursor of epoch 0 (from the start) must have seq 0")
         return self

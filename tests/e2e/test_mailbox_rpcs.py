@@ -169,6 +169,9 @@ async def _has(seen: list[mailbox_pb2.SubscribeResponse], kind: str, seq: int) -
         ({"tenant": "t1", "user": "b o b"}, "user"),
         ({"tenant": "t1", "user": "bob", "cursor": {"lane": "outbox"}}, "cursor.lane"),
         ({"tenant": "t1", "user": "bob", "cursor": {"lane": "inbox", "seq": 5}}, "epoch 0"),
+        # uint64 on the wire, bigint on Scylla (a query it cannot encode): issue 23, item 9
+        ({"tenant": "t1", "user": "bob", "cursor": {"epoch": 1, "seq": 2**63}}, "below 2^63"),
+        ({"tenant": "t1", "user": "bob", "cursor": {"epoch": 2**64 - 1}}, "below 2^63"),
     ],
 )
 async def test_bad_sync_requests_are_invalid_argument(
