@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from backends.scylla import mailbox, outbox_log, relay
 from backends.scylla.codec import BODY_COLUMNS, history_record
+from backends.scylla.in_lists import read_in
 from backends.scylla.mailbox import ScyllaMailboxStore
 from backends.scylla.relay import ScyllaOutboxPartitions
 from backends.scylla.schema import HISTORY_BUCKET
@@ -74,7 +75,7 @@ class ScyllaHistoryRecords(HistoryRecords):
             buckets.setdefault(seq // HISTORY_BUCKET, []).append(seq)
         found: dict[int, MessageRecord] = {}
         for bucket, wanted in buckets.items():
-            rows = await self._cql.read("hr.seqs", (tenant, conversation, bucket, wanted))
+            rows = await read_in(self._cql, "hr.seqs", (tenant, conversation, bucket), wanted)
             for row in rows:
                 record = history_record(tenant, conversation, row)
                 found[record.seq] = record

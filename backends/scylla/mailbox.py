@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.scylla.codec import BODY_COLUMNS, body_values, content_from_row
+from backends.scylla.in_lists import read_in
 from backends.scylla.session import CqlSession, Row
 from service.domain import mailbox as rules
 from service.domain.delivery import AppendOutcome, AppendRequest, MailboxSettings, MailboxStore
@@ -132,7 +133,7 @@ class ScyllaMailboxStore(MailboxStore):
         ids = [i.message_id for i in request.items]
         for _ in range(MAX_ATTEMPTS):
             statics, present = await asyncio.gather(
-                self._cql.read("mb.statics", key), self._cql.read("mb.ids", (*key, ids))
+                self._cql.read("mb.statics", key), read_in(self._cql, "mb.ids", key, ids)
             )
             state, version, fences, first_ms = _state(statics[0] if statics else None)
             if fences.get(fence.partition, 0) > fence.token:
@@ -242,7 +243,7 @@ class ScyllaMailboxStore(MailboxStore):
             if not ids:
                 return frozenset()
             async with self._limit:
-                rows = await self._cql.read("mb.ids", (*_key(mailbox), list(ids)))
+                rows = await read_in(self._cql, "mb.ids", _key(mailbox), ids)
             return frozenset(r["message_id"] for r in rows)
 
         return list(await asyncio.gather(*(one(m, ids) for m, ids in queries)))

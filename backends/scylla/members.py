@@ -11,7 +11,7 @@ shares the partition (``sequence.py``).
 
 A change is one conditional batch: ``version = v + 1`` (and the new count)
 ``IF version = v``, plus the changed users' new intervals. Only the users a
-call names are read (``IN`` lists of ``READ_CHUNK``), never the member set,
+call names are read (``IN`` lists of ``in_lists.MAX_IN``), never the member set,
 so a change costs O(users changed) at any conversation size. A single-partition
 conditional batch is not subject to ``batch_size_fail_threshold`` (Cassandra
 and ScyllaDB check it only for batches over several partitions; measured on
@@ -41,6 +41,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from backends.scylla.in_lists import read_in
 from backends.scylla.session import CqlSession, Params, Row
 from service.domain import membership as rules
 from service.domain.errors import (
@@ -77,9 +78,6 @@ STATEMENTS = {
     " VALUES (?, ?, 'n', '', '')",
 }
 
-READ_CHUNK = 100
-"""Users per ``IN`` read (ScyllaDB refuses more than 100 clustering keys by default)."""
-READ_CONCURRENCY = 8
 CHANGE_BATCH_BYTES = 1 << 20
 """Rows of one conditional batch, by estimated size: far below the commit log's
 largest mutation (half a segment, 16 MiB by default) and the 16 MiB frame."""
@@ -337,18 +335,9 @@ class ScyllaMembershipStore(MembershipStore):
         self, tenant: str, conversation: str, users: Sequence[str], floor: int
     ) -> dict[str, rules.Intervals]:
         """The stored intervals of ``users`` (absent: never a member)."""
-        chunks = [users[i : i + READ_CHUNK] for i in range(0, len(users), READ_CHUNK)]
         found: dict[str, rules.Intervals] = {}
-        for start in range(0, len(chunks), READ_CONCURRENCY):
-            replies = await asyncio.gather(
-                *(
-                    self._cql.read("mem.users", (tenant, conversation, list(chunk)), serial=False)
-                    for chunk in chunks[start : start + READ_CONCURRENCY]
-                )
-            )
-            for rows in replies:
-                for row in rows:
-                    found[row["name"]] = intervals_of(row, floor)
+        for row in await read_in(self._cql, "mem.users", (tenant, conversation), users):
+            found[row["name"]] = intervals_of(row, floor)
         return found
 
 
