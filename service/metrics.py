@@ -183,13 +183,17 @@ class ServiceMetrics:
         self.backend_info.info({"backend": name, "durable": str(durable).lower()})
         self.registry.register(BackendRequestsCollector(requests))
         if events is not None:
-            self.registry.register(
-                BackendRequestsCollector(
-                    events,
-                    "message_committer_backend_events",
-                    "What the backend noticed about itself, by kind.",
-                )
-            )
+            self.registry.register(backend_events(events))
+
+
+def backend_events(events: _Counter[str]) -> BackendRequestsCollector:
+    """``message_committer_backend_events_total{kind}``: what a backend noticed about
+    itself (the serve and relay processes both export it)."""
+    return BackendRequestsCollector(
+        events,
+        "message_committer_backend_events",
+        "What the backend noticed about itself, by kind.",
+    )
 
 
 class BackendRequestsCollector(Collector):

@@ -32,6 +32,7 @@ from service import config as service_config
 from service.config import ConfigError, ServiceConfig, StartupError, split_address
 from service.health import Readiness
 from service.httpside import HttpSide
+from service.metrics import backend_events
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
 
@@ -88,6 +89,7 @@ async def run(config: ServiceConfig) -> int:
     clock = replica_clock(config)
     backend = await open_backend(config, clock)
     metrics = RelayMetrics()
+    metrics.registry.register(backend_events(backend.events))
     runner = RelayRunner(
         backend,
         policy=config.relay_policy(),

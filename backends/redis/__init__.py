@@ -124,9 +124,10 @@ async def open_redis_backend(
             raise
         raise StoreUnavailable(f"redis backend could not be opened: {exc}") from None
     calls = CommitCalls(link, keys, found.identity, test_clock)
+    events: Counter[str] = Counter()
     try:
         replication = Replication(link, keys, wait_replicas, wait_timeout_ms)
-        ports = await delivery_side(calls, delivery or DeliverySettings(), replication)
+        ports = await delivery_side(calls, delivery or DeliverySettings(), replication, events)
     except StoreError:
         await link.close()
         raise
@@ -147,6 +148,7 @@ async def open_redis_backend(
         durable=True,
         requests=link.requests,
         delivery=ports,
+        events=events,
     )
     backend.server_time = (
         (lambda: _clock_ms(test_clock)) if test_clock is not None else lambda: server_time_ms(link)

@@ -10,6 +10,7 @@ with ZRANGE BYSCORE from the conversation's history zset (``P:{n}:h:T:C``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from backends.redis import codec, mailbox, partitions
@@ -92,7 +93,10 @@ class RedisHistoryRecords(HistoryRecords):
 
 
 async def open_delivery(
-    calls: CommitCalls, settings: DeliverySettings, replication: Replication | None = None
+    calls: CommitCalls,
+    settings: DeliverySettings,
+    replication: Replication | None = None,
+    events: Counter[str] | None = None,
 ) -> DeliveryPorts:
     """The delivery side over an opened Redis backend's connection; with
     ``replication`` (``MC_REDIS_WAIT_REPLICAS``) mailbox appends and settles wait
@@ -107,6 +111,7 @@ async def open_delivery(
             legacy=legacy,
             retention_ms=settings.outbox_retention_ms,
             replication=replication,
+            events=events,
         ),
         index=RedisConversationIndex(calls),
         records=RedisHistoryRecords(calls),

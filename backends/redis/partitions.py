@@ -21,7 +21,10 @@ Per partition, in the stream's shard ``B = P:{n}``:
   Redis TIME). Taking a free or expired lease increments ``t``;
 * ``B:rr`` hash: entry id -> ``attempts|due ms|problem`` of retryable entries;
 * ``B:dl`` stream: dead letters (the entry's fields plus ``o`` its id, ``p`` the
-  problem, ``a`` attempts);
+  problem, ``a`` attempts); an entry found gone from its stream while pending
+  (trimmed by something other than the relay) leaves a letter of its id alone,
+  marked ``g``, with empty entry fields: counted as the backend event
+  ``outbox_entries_gone``, and never requeued (there is nothing to re-send);
 * ``P:{0}:relays`` zset: live relays, score the expiry of their announcement.
 
 Every script that changes a partition checks the caller's token against
@@ -36,7 +39,9 @@ that have nothing pending, so restarts do not pile consumers up in the group.
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +56,12 @@ from service.domain.delivery import OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
+log = logging.getLogger(__name__)
+
 GROUP = "relay"
+GONE_EVENT = "outbox_entries_gone"
+"""Backend event: pending entries found gone from their stream (dead-lettered)."""
+GONE_PROBLEM = "gone from the outbox stream while pending (trimmed outside the relay)"
 _ID_RE = re.compile(r"\d{1,20}-\d{1,20}")
 MAX_BLOCK_MS = 100
 """One blocking wait: short, so a partition that went idle meanwhile is in the next
@@ -150,19 +160,30 @@ return {'ok', last, entries}
 UNSETTLED = script(
     "relay_unsettled",
     """#!lua
--- KEYS: id lease stream retry    ARGV: dep shift token consumer group count
+-- KEYS: id lease stream retry dlq    ARGV: dep shift token consumer group count gone_problem
 --@prologue
 --@token
 if not token_ok(KEYS[2], ARGV[3]) then return {'lost'} end
 local r = redis.call('XAUTOCLAIM', KEYS[3], ARGV[5], ARGV[4], 0, '0-0', 'COUNT', ARGV[6])
 local entries, deleted = r[2], r[3]
-if deleted and #deleted > 0 then  -- pending, but trimmed from the stream: nothing to deliver
+local gone = 0
+if deleted and #deleted > 0 then
+  -- Pending, but gone from the stream (trimmed by something other than the
+  -- relay, which never trims below a pending entry): nothing left to deliver.
+  -- Each becomes a dead letter of its id alone, so it is seen, never silent.
+  for _, id in ipairs(deleted) do
+    local mark = redis.call('HGET', KEYS[4], id) or ''
+    local attempts = string.match(mark, '^(%d+)') or '0'
+    redis.call('XADD', KEYS[5], '*', 'o', id, 'p', ARGV[7], 'a', attempts, 'g', '1',
+      't', '', 'c', '', 's', '0', 'm', '')
+  end
   redis.call('XACK', KEYS[3], ARGV[5], unpack(deleted))
   redis.call('HDEL', KEYS[4], unpack(deleted))
+  gone = #deleted
 end
 local marks = {}
 for i, e in ipairs(entries) do marks[i] = redis.call('HGET', KEYS[4], e[1]) or '' end
-return {'ok', entries, marks}
+return {'ok', entries, marks, gone}
 """.replace("--@token", _TOKEN),
 )
 
@@ -237,17 +258,20 @@ local moved = 0
 for i = 3, #ARGV do
   local found = redis.call('XRANGE', KEYS[3], ARGV[i], ARGV[i], 'COUNT', 1)
   if found[1] then
-    local fields, keep = found[1][2], {}
+    local fields, keep, gone = found[1][2], {}, false
     for j = 1, #fields, 2 do
       local f = fields[j]
       if f == 't' or f == 'c' or f == 's' or f == 'm' or f == 'v' or f == 'r' then
         keep[#keep + 1] = f
         keep[#keep + 1] = fields[j + 1]
       end
+      if f == 'g' then gone = true end
     end
-    redis.call('XADD', KEYS[2], '*', unpack(keep))
-    redis.call('XDEL', KEYS[3], ARGV[i])
-    moved = moved + 1
+    if not gone then  -- a letter of an entry gone from its stream has only its id: it stays
+      redis.call('XADD', KEYS[2], '*', unpack(keep))
+      redis.call('XDEL', KEYS[3], ARGV[i])
+      moved = moved + 1
+    end
   end
 end
 return {'ok', moved}
@@ -306,8 +330,10 @@ class RedisOutboxPartitions(OutboxPartitions):
         legacy: bool,
         retention_ms: int,
         replication: Replication | None = None,
+        events: Counter[str] | None = None,
     ) -> None:
         self._calls = calls
+        self._events: Counter[str] = Counter() if events is None else events
         self._link = calls.link
         self._retention_ms = retention_ms
         self._replication = replication
@@ -368,10 +394,21 @@ class RedisOutboxPartitions(OutboxPartitions):
         k = self._k(lease.partition)
         rest = await self._fenced(
             UNSETTLED,
-            [k.identity, k.lease, k.stream, k.retry],
-            [lease.token, lease.owner, GROUP, limit],
+            [k.identity, k.lease, k.stream, k.retry, k.dead],
+            [lease.token, lease.owner, GROUP, limit, GONE_PROBLEM],
         )
-        entries, marks = rest if len(rest) == 2 else ([], [])
+        if len(rest) != 3:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        entries, marks, gone = rest
+        if gone:
+            self._events[GONE_EVENT] += int(gone)
+            log.warning(
+                "relay: %d pending outbox entr%s of %s had been trimmed from the stream by"
+                " something other than the relay; each is a dead letter of its id alone",
+                int(gone),
+                "y" if int(gone) == 1 else "ies",
+                lease.partition,
+            )
         result = []
         for raw, mark in zip(entries, marks, strict=True):
             attempts = codec.to_int(mark.split(b"|", 1)[0]) if mark else 0
