@@ -28,7 +28,8 @@ mirrored in Lua) at group boundaries. A record going to many mailboxes is
 sent once per call, and the calls of one relay step are pipelined: a
 1,000-member fan-out is about one script call per shard, in one round trip.
 Retention runs when a lane is
-written to; an idle lane keeps its entries until its next append.
+written to, and when a read finds the oldest kept group past retention (an
+idle lane): ``READ`` says so, ``RETAIN`` applies it, and the read goes again.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ from service.domain.mailbox import (
 from service.domain.relay import Fence
 
 TRIM_BATCH = 20
-"""Most groups one append trims; a backlog is worked off by later appends."""
+"""Most groups one append (or one retain) trims; a backlog is worked off later."""
+STALE_RETAINS = 3
+"""Retains one read may run on a lane past retention (each trims ``TRIM_BATCH``
+groups); what is left is trimmed by the next reads."""
 PIPELINE_CHUNK = 128
 PER_CALL = 100
 """Most mailboxes one script call appends to (all in one shard)."""
@@ -160,9 +164,9 @@ return out
 READ = script(
     "mailbox_read",
     """#!lua flags=no-writes
--- KEYS: id meta entries groups    ARGV: dep shift after limit
+-- KEYS: id meta entries groups    ARGV: dep shift after limit retention_ms
 --@prologue
-local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w', 't')
 local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
 local after = tonumber(ARGV[3])
 local items = {}
@@ -179,8 +183,26 @@ if after >= w and after <= head then
     end
   end
 end
-return {'ok', epoch, head, w, items}
+-- stale: the oldest kept group is past retention (an idle lane: nothing was
+-- appended since that trims it), so the caller retains and reads again
+local first = tonumber(m[4] or '-1')
+local stale = 0
+if first >= 0 and first <= now - tonumber(ARGV[5]) then stale = 1 end
+return {'ok', epoch, head, w, items, stale}
 """,
+)
+
+RETAIN = script(
+    "mailbox_retain",
+    """#!lua
+-- KEYS: id meta entries groups ids    ARGV: dep shift retention_ms max_entries
+--@prologue
+--@retain
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
+local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+w = retain(KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, w, tonumber(ARGV[3]), tonumber(ARGV[4]))
+return {'ok', epoch, head, w}
+""".replace("--@retain", _RETAIN),
 )
 
 TRIM = script(
@@ -212,7 +234,7 @@ return {'ok', epoch, 0, 0}
 """,
 )
 
-SCRIPTS = (APPEND, READ, TRIM, NEW_EPOCH)
+SCRIPTS = (APPEND, READ, RETAIN, TRIM, NEW_EPOCH)
 
 
 class MailboxKeys:
@@ -351,14 +373,29 @@ class RedisMailboxStore(MailboxStore):
         return keys, [*head, len(numbers), *records, *picks]
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
+        """One read; on an idle lane whose oldest group is past retention, the
+        retention an append would have applied first, then the read again (so
+        an idle lane never serves what it should no longer hold)."""
         k = self._keys(mailbox)
-        word, rest = await self._calls.run(
-            READ, [k.identity, k.meta, k.entries, k.groups], [after_seq, limit], write=False
-        )
-        if word != b"ok" or len(rest) != 4 or not isinstance(rest[3], list):
-            raise StoreCorrupt("redis gave an unexpected reply")
+        keys = [k.identity, k.meta, k.entries, k.groups]
+        args = [after_seq, limit, self._settings.retention_ms]
+        for retained in range(STALE_RETAINS + 1):
+            word, rest = await self._calls.run(READ, keys, args, write=False)
+            if word != b"ok" or len(rest) != 5 or not isinstance(rest[3], list):
+                raise StoreCorrupt("redis gave an unexpected reply")
+            if not rest[4] or retained == STALE_RETAINS:
+                break
+            await self._retain(mailbox)
         entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
         return LaneRead(_state(rest), entries)
+
+    async def _retain(self, mailbox: Mailbox) -> None:
+        s = self._settings
+        word, rest = await self._calls.run(
+            RETAIN, self._keys(mailbox).all(), [s.retention_ms, s.max_entries]
+        )
+        if word != b"ok" or len(rest) != 3:
+            raise StoreCorrupt("redis gave an unexpected reply")
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
         if not mailboxes:

@@ -14,7 +14,10 @@ everything in one conditional batch ``IF version = <read>``: seq allocation,
 entries, dedupe rows, the fence and the trim happen together or not at all,
 so seqs have no gaps. A batch that lost a race is decided again from a fresh
 read (bounded). A Sync reads entries with the statics in the same query, so
-the page and the watermark it is judged against are one snapshot.
+the page and the watermark it is judged against are one snapshot. A read
+that finds the oldest kept group (``first_ms``) past retention first applies
+the retention an append would have (an idle lane is trimmed too), then reads
+again.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ STATEMENTS = {
 MAX_ATTEMPTS = 16
 CONCURRENCY = 64
 TRIM_GROUPS = 20
+STALE_RETAINS = 3
+"""Retention passes one read may run on an idle lane past retention (each trims up
+to ``TRIM_GROUPS`` groups); what is left goes at the next reads."""
 
 
 def _key(mailbox: Mailbox) -> tuple[str, str, str]:
@@ -213,10 +219,20 @@ class ScyllaMailboxStore(MailboxStore):
         return cut, later[0] if later else None, deletes
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
+        """One read; on an idle lane whose oldest group is past retention, the
+        retention an append would have applied first, then the read again (so
+        an idle lane never serves what it should no longer hold)."""
         key = _key(mailbox)
-        rows = await self._cql.read("mb.entries", (*key, after_seq, limit))
+        for retained in range(STALE_RETAINS + 1):
+            rows = await self._cql.read("mb.entries", (*key, after_seq, limit))
+            statics = rows[:1] or await self._cql.read("mb.statics", key)
+            first_ms = _state(statics[0] if statics else None)[3]
+            oldest_kept = self._clock.now_ms() - self._settings.retention_ms
+            stale = first_ms is not None and first_ms <= oldest_kept
+            if not stale or retained == STALE_RETAINS:
+                break
+            await self._cut(mailbox, None)
         if not rows:
-            statics = await self._cql.read("mb.statics", key)
             return LaneRead(_state(statics[0] if statics else None)[0], ())
         state = _state(rows[0])[0]
         entries = [_entry(mailbox.tenant, r) for r in rows]
@@ -249,6 +265,10 @@ class ScyllaMailboxStore(MailboxStore):
         return list(await asyncio.gather(*(one(m, ids) for m, ids in queries)))
 
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
+        return await self._cut(mailbox, through_seq)
+
+    async def _cut(self, mailbox: Mailbox, through_seq: int | None) -> LaneState:
+        """Trim through ``through_seq`` (at group ends), or (None) what retention asks."""
         key = _key(mailbox)
         for _ in range(MAX_ATTEMPTS):
             statics = await self._cql.read("mb.statics", key)

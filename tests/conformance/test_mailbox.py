@@ -187,6 +187,27 @@ async def test_retention_trims_whole_groups_by_count_and_by_age(harness: Harness
     assert await d.mailbox.contains([(box, ("m-c1-4", "m-c1-6"))]) == [frozenset({"m-c1-6"})]
 
 
+async def test_an_idle_lane_past_retention_is_trimmed_when_read(harness: Harness) -> None:
+    """Nothing is appended after the entries grow old (issue 23, item 9: on Redis
+    and Scylla retention ran only at appends, so an idle lane kept and served
+    what it should no longer hold). The next Sync trims first: the old cursor
+    expires, and what the lane still holds is nothing."""
+    clock = ManualClock()
+    settings = MailboxSettings(retention_ms=60_000, max_entries=100)
+    d = ports(await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings)))
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2))], FENCE)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 3))], FENCE)
+    clock.advance(61_000)
+    with pytest.raises(CursorExpired):
+        await d.mailbox.sync(box, MailboxCursor("inbox", 1, 0), 100, BIG_PAGE)
+    assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 3, 3)
+    page = await d.mailbox.sync(box, MailboxCursor("inbox", 1, 3), 100, BIG_PAGE)
+    assert page.entries == () and page.trim_watermark == 3
+    assert await d.mailbox.contains([(box, ("m-c1-1", "m-c1-3"))]) == [frozenset()]
+
+
 async def test_mailboxes_of_tenants_users_and_conversations_never_mix(harness: Harness) -> None:
     d = ports(await harness.open())
     t1, t2 = unique("t"), unique("t")
