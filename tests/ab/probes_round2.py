@@ -210,19 +210,21 @@ def _uuid7_ms(message_id: str) -> int:
 
 
 def _wait_for_jump(target: str) -> Reply:
-    """Commits of fresh keys (conversation c2) until one's server time shows the
-    jump, bounded: that replica's clock has moved."""
+    """Commits of fresh keys (conversation c2) until one succeeds with a server time
+    that shows the jump, bounded: that replica's clock has moved. A tick may fail
+    while the clock jumps (the CQL driver times a request in flight out by the wall
+    clock); it is only the probe's step, so the next tick takes a new key."""
     deadline = time.monotonic() + JUMP_SEEN_S
+    last = "no tick"
     for n in range(int(JUMP_SEEN_S * 4)):
         tick = commit(target, send(TENANT, "c2", f"tick-{n}", "tick"))
-        if not tick.ok:
-            raise ProbeError(f"a commit of a fresh key after the jump failed: {tick}")
-        if _server_ms(tick) > time.time() * 1000 + 7 * DAY_MS:
+        if tick.ok and _server_ms(tick) > time.time() * 1000 + 7 * DAY_MS:
             return tick
+        last = str(tick) if not tick.ok else f"server_ts_ms {_server_ms(tick)}"
         if time.monotonic() > deadline:
             break
         time.sleep(0.25)
-    raise ProbeError(f"the replica's clock did not jump {JUMP} within {JUMP_SEEN_S:.0f}s")
+    raise ProbeError(f"no commit showed the {JUMP} jump within {JUMP_SEEN_S:.0f}s (last: {last})")
 
 
 def clock_jumps_after_open(tree: Tree, work: Path) -> Outcome:
