@@ -27,6 +27,7 @@ ABANDON = script(
 -- ARGV: dep shift member window_ms ttl_ms operator reason conversation
 --@prologue
 --@retention
+--@settle
 local st = redis.call('HGET', KEYS[2], 'st')
 if st == 'A' and live(redis.call('HGET', KEYS[2], 'x')) then
   return {'already', redis.call('HGET', KEYS[2], 'ab') or '{}'}
@@ -37,18 +38,8 @@ end
 local s = redis.call('HGET', KEYS[2], 's')
 local seq = tonumber(s or '')
 local audit = cjson.encode({by = ARGV[6], why = ARGV[7], at = now, seq = seq or 0})
-local expires = now + tonumber(ARGV[4])
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'st', 'A', 'x', expires, 'ab', audit)
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-if KEYS[12] then
-  redis.call('HSET', KEYS[12], 'c', ARGV[8], 'x', expires)
-  redis.call('PEXPIRE', KEYS[12], ARGV[5])
-end
-redis.call('ZREM', KEYS[7], ARGV[3])
-redis.call('ZREM', KEYS[8], ARGV[3])
-redis.call('ZREM', KEYS[10], ARGV[3])
-redis.call('HDEL', KEYS[9], ARGV[3])
+settle(KEYS[2], {'st', 'A', 'ab', audit}, now + tonumber(ARGV[4]), ARGV[5], KEYS[12], ARGV[8],
+  KEYS[7], KEYS[8], KEYS[9], KEYS[10], ARGV[3])
 if seq then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], seq, seq)  -- a record written before quarantine
   redis.call('ZREM', KEYS[6], s)

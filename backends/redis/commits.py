@@ -200,6 +200,7 @@ COMMIT = script(
 --      'c'  = mark_committed (the stored publication is used)
 --@prologue
 --@retention
+--@settle
 --@same_intent
 local c = read_commit(KEYS[2])
 local verdict = same_intent(c, ARGV[3], ARGV[4], ARGV[5])
@@ -229,19 +230,9 @@ local identity = redis.call('HGET', KEYS[2], 'id')
 if string.sub(identity, 1, 4) == 'QIMC' and ARGV[15] ~= '' and identity == ARGV[15] then
   identity = ARGV[14]
 end
-local expires = now + tonumber(ARGV[9])
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'st', '3', 'id', identity, 'm', c.m, 's', c.s, 't', c.t,
-  'ps', ps, 'pp', pp, 'x', expires)
-redis.call('PEXPIRE', KEYS[2], ARGV[10])
-if KEYS[11] then
-  redis.call('HSET', KEYS[11], 'c', ARGV[13], 'x', expires)
-  redis.call('PEXPIRE', KEYS[11], ARGV[10])
-end
-redis.call('ZREM', KEYS[7], ARGV[12])
-redis.call('ZREM', KEYS[8], ARGV[12])
-redis.call('ZREM', KEYS[10], ARGV[12])
-redis.call('HDEL', KEYS[9], ARGV[12])
+settle(KEYS[2], {'st', '3', 'id', identity, 'm', c.m, 's', c.s, 't', c.t, 'ps', ps, 'pp', pp},
+  now + tonumber(ARGV[9]), ARGV[10], KEYS[11], ARGV[13],
+  KEYS[7], KEYS[8], KEYS[9], KEYS[10], ARGV[12])
 sweep(KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 if tonumber(c.s) > tonumber(redis.call('HGET', KEYS[3], 'wc') or '0') then
   redis.call('ZREM', KEYS[6], c.s)

@@ -99,7 +99,34 @@ local function iv_with(text, version)
 end
 """
 
-_SNIPPETS = {"--@prologue": PROLOGUE, "--@retention": RETENTION, "--@intervals": INTERVALS}
+SETTLE = """
+-- A commit hash's final state (committed or abandoned), written one way: the
+-- hash replaced by ``fields`` plus its logical expiry ``x``, the key pointer
+-- (standalone) given the same expiry, the member out of every recovery index.
+local function settle(commit, fields, expires, ttl_ms, pointer, conversation,
+                      queue, created, attempts, quarantine, member)
+  redis.call('DEL', commit)
+  fields[#fields + 1] = 'x'
+  fields[#fields + 1] = expires
+  redis.call('HSET', commit, unpack(fields))
+  redis.call('PEXPIRE', commit, ttl_ms)
+  if pointer then
+    redis.call('HSET', pointer, 'c', conversation, 'x', expires)
+    redis.call('PEXPIRE', pointer, ttl_ms)
+  end
+  redis.call('ZREM', queue, member)
+  redis.call('ZREM', created, member)
+  redis.call('ZREM', quarantine, member)
+  redis.call('HDEL', attempts, member)
+end
+"""
+
+_SNIPPETS = {
+    "--@prologue": PROLOGUE,
+    "--@retention": RETENTION,
+    "--@intervals": INTERVALS,
+    "--@settle": SETTLE,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,12 @@ PROBES: tuple[Probe, ...] = (
         "eviction set at run time: Commit still ACKed",
         probes_round2.eviction_set_at_run_time,
     ),
+    Probe(
+        "r2-3", "Scylla clock jumps 8d after open: re-reserve", probes_round2.clock_jumps_after_open
+    ),
+    Probe(
+        "r2-4", "Redis replica 8d ahead: ACK time its own", probes_round2.ack_time_of_a_fast_replica
+    ),
     Probe("r2-5", "a 100k-deep JSON intent fails every scan", probes_round2.nested_json_intent),
     Probe("r2-6", "orphaned queue members are never removed", probes_round2.orphaned_queue_members),
     Probe("r2-7", "a quarantined intent can never end", probes_round2.quarantine_has_an_end),

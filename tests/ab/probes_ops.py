@@ -9,6 +9,8 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.ab.parts import Outcome, ProbeError, RedisServer, Serve, Tree, clip, run, setup_redis
@@ -113,9 +115,10 @@ def serial_default(tree: Tree, work: Path) -> Outcome:
 # --- 2s. a fast clock on Scylla -----------------------------------------------------------
 
 
-def fast_clock_scylla(tree: Tree, work: Path) -> Outcome:
-    """As the Redis probe, on the shared CQL node (a fresh keyspace): the fast
-    replica must replay the first ACK or refuse to serve at all."""
+@contextmanager
+def fresh_keyspace(tree: Tree) -> Iterator[list[str]]:
+    """A keyspace of its own on the shared CQL node, migrated by ``tree``: yields the
+    ``serve`` arguments that reach it; the keyspace is dropped afterwards."""
     host, _, port = CQL_CONTACT.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
@@ -128,10 +131,18 @@ def fast_clock_scylla(tree: Tree, work: Path) -> Outcome:
                    timeout=300)  # fmt: skip
     if migrated.returncode != 0:
         raise ProbeError(f"migrate failed: {(migrated.stderr or migrated.stdout)[-200:]}")
-    args = ["--backend", "scylla", "--scylla-contact-points", host, "--scylla-port", port,
-            "--scylla-keyspace", keyspace, "--idempotency-window", "2d",
-            "--recovery-interval", "1h"]  # fmt: skip
     try:
+        yield ["--backend", "scylla", "--scylla-contact-points", host, "--scylla-port", port,
+               "--scylla-keyspace", keyspace]  # fmt: skip
+    finally:
+        _drop_keyspace(host, int(port), keyspace)
+
+
+def fast_clock_scylla(tree: Tree, work: Path) -> Outcome:
+    """As the Redis probe, on the shared CQL node (a fresh keyspace): the fast
+    replica must replay the first ACK or refuse to serve at all."""
+    with fresh_keyspace(tree) as scylla:
+        args = [*scylla, "--idempotency-window", "2d", "--recovery-interval", "1h"]
         right = Serve(tree, args, log_path=work / "right.log")
         ahead = Serve(tree, args, {"FAKETIME_DONT_FAKE_MONOTONIC": "1"},
                       ["faketime", "-f", FAST_CLOCK], work / "ahead.log")  # fmt: skip
@@ -156,8 +167,6 @@ def fast_clock_scylla(tree: Tree, work: Path) -> Outcome:
             finally:
                 ahead.stop()
             again = commit(right.target, request)
-    finally:
-        _drop_keyspace(host, int(port), keyspace)
     same = retry.ok and ack(retry) == ack(first) and again.ok and ack(again) == ack(first)
     return Outcome(same, f"first seq={ack(first)[0]}; retry via {FAST_CLOCK} replica "
                          f"{ack_text(retry, first)}; right replica then "

@@ -19,8 +19,15 @@ from tests.ab.parts import (
     setup_redis,
     unfinished,
 )
-from tests.ab.probes_redis import TENANT, _leave_unfinished, _rewrite_record
-from tests.ab.rpc import ack, commit, create_conversation, recover_due, send, wait_health
+from tests.ab.probes_ops import fresh_keyspace
+from tests.ab.probes_redis import (
+    TENANT,
+    _leave_unfinished,
+    _rewrite_record,
+    ack_text,
+    clock_ahead_s,
+)
+from tests.ab.rpc import Reply, ack, commit, create_conversation, recover_due, send, wait_health
 
 READINESS_S = 0.5
 
@@ -166,3 +173,111 @@ def _queues_naming(redis: RedisServer, cmid: bytes) -> list[tuple[bytes, bytes, 
 def _orphans(redis: RedisServer, zset: bytes) -> list[bytes]:
     members = cast(list[bytes], redis.admin.zrange(zset, 0, -1))
     return [m for m in members if b":orphan-" in m]
+
+
+# --- items 3 and 4: a replica's clock against the backend's ---------------------------
+
+DAY_MS = 86_400_000
+JUMP = "+8d"  # beyond the default 7-day idempotency window (and any skew bound)
+FAKETIME_LIBRARIES = (
+    Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
+    Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
+    Path("/usr/lib/faketime/libfaketime.so.1"),
+)
+JUMP_SEEN_S = 15.0
+
+
+def _adjustable_clock(rc: Path) -> dict[str, str]:
+    """The environment of a process whose wall clock follows ``rc`` (a libfaketime
+    spec such as ``+0`` or ``+8d``, re-read at least once a second), monotonic
+    time untouched: the clock can jump while the process runs."""
+    library = next((p for p in FAKETIME_LIBRARIES if p.exists()), None)
+    if library is None:
+        raise ProbeError("libfaketime.so.1 not found (apt-get install -y faketime)")
+    rc.parent.mkdir(parents=True, exist_ok=True)
+    rc.write_text("+0\n")
+    return {"LD_PRELOAD": str(library), "FAKETIME_TIMESTAMP_FILE": str(rc),
+            "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}  # fmt: skip
+
+
+def _server_ms(reply: Reply) -> int:
+    return int(reply.data.get("message", {}).get("server_ts_ms", 0))
+
+
+def _uuid7_ms(message_id: str) -> int:
+    """The time of a UUIDv7-layout message id (its first 48 bits)."""
+    return int(message_id.replace("-", "")[:12], 16) if message_id else 0
+
+
+def _wait_for_jump(target: str) -> Reply:
+    """Commits of fresh keys (conversation c2) until one succeeds with a server time
+    that shows the jump, bounded: that replica's clock has moved. A tick may fail
+    while the clock jumps (the CQL driver times a request in flight out by the wall
+    clock); it is only the probe's step, so the next tick takes a new key."""
+    deadline = time.monotonic() + JUMP_SEEN_S
+    last = "no tick"
+    for n in range(int(JUMP_SEEN_S * 4)):
+        tick = commit(target, send(TENANT, "c2", f"tick-{n}", "tick"))
+        if tick.ok and _server_ms(tick) > time.time() * 1000 + 7 * DAY_MS:
+            return tick
+        last = str(tick) if not tick.ok else f"server_ts_ms {_server_ms(tick)}"
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    raise ProbeError(f"no commit showed the {JUMP} jump within {JUMP_SEEN_S:.0f}s (last: {last})")
+
+
+def clock_jumps_after_open(tree: Tree, work: Path) -> Outcome:
+    """Issue 24 item 3, Scylla: a replica serves with a right clock, commits a send,
+    then its clock jumps 8 days (past the 7-day window) before any readiness probe
+    runs. A retry of the ACKed send through it must be refused or get the same ACK
+    (release 1 judged the key expired and re-reserved it: a new seq), and a right
+    replica must still answer the first ACK (nothing was written over it)."""
+    rc = work / "faketime.rc"
+    clock = _adjustable_clock(rc)
+    with fresh_keyspace(tree) as scylla:
+        quiet = [*scylla, "--readiness-interval", "1h", "--recovery-interval", "1h"]
+        jumper = Serve(tree, quiet, clock, log_path=work / "jumper.log")
+        right = Serve(tree, quiet, log_path=work / "right.log")
+        with jumper, right:
+            for conversation in ("c1", "c2"):
+                if not create_conversation(jumper.target, TENANT, conversation, "alice", "bob").ok:
+                    raise ProbeError("CreateConversation failed")
+            request = send(TENANT, "c1", "jump-1", "first")
+            first = commit(jumper.target, request)
+            if not first.ok:
+                raise ProbeError(f"the first commit failed: {first}")
+            rc.write_text(f"{JUMP}\n")
+            _wait_for_jump(jumper.target)
+            retry = commit(jumper.target, request, timeout=30)
+            again = commit(right.target, request)
+    kept = again.ok and ack(again) == ack(first)
+    held = (not retry.ok or ack(retry) == ack(first)) and kept
+    return Outcome(held, f"first seq={ack(first)[0]}; after a {JUMP} jump the retry"
+                         f" {ack_text(retry, first)}; right replica then"
+                         f" {ack_text(again, first)}")  # fmt: skip
+
+
+def ack_time_of_a_fast_replica(tree: Tree, work: Path) -> Outcome:
+    """Issue 24 item 4, Redis: a replica 8 days ahead (libfaketime) commits a send.
+    The ACK's server_ts_ms and the message id's time must be Redis's time (TIME),
+    not the replica's clock (release 1: 8 days in the future)."""
+    with RedisServer(work / "redis") as redis:
+        setup_redis(tree, redis.url)
+        args = ["--backend", "redis", "--recovery-interval", "1h"]
+        env = {"MC_REDIS_URL": redis.url, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        with Serve(tree, args, env, ["faketime", "-f", JUMP], work / "ahead.log") as ahead:
+            if clock_ahead_s(ahead) < 7 * 86400:
+                raise ProbeError("faketime did not move the replica's clock")
+            if not create_conversation(ahead.target, TENANT, "c1", "alice", "bob").ok:
+                raise ProbeError("CreateConversation failed")
+            acked = commit(ahead.target, send(TENANT, "c1", "ahead-1", "from the future"))
+            seconds, micros = redis.admin.time()
+    if not acked.ok:
+        return Outcome(False, f"Commit via a {JUMP} replica answered {acked}")
+    redis_ms = int(seconds) * 1000 + int(micros) // 1000
+    ts_off = (_server_ms(acked) - redis_ms) / 1000
+    id_off = (_uuid7_ms(ack(acked)[1]) - redis_ms) / 1000
+    held = abs(ts_off) < 60 and abs(id_off) < 60
+    return Outcome(held, f"{JUMP} replica: ACK server_ts_ms {ts_off:+.0f}s and message-id time"
+                         f" {id_off:+.0f}s off Redis TIME")  # fmt: skip

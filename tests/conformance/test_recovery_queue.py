@@ -47,6 +47,11 @@ async def _outbox_count(backend: Backend, tenant: str) -> int:
 async def test_an_undecodable_intent_is_quarantined_and_never_blocks_the_rest(
     harness: Harness,
 ) -> None:
+    """The queue's contract on every backend, the undecodable intent made by the
+    FaultyStore wrapper (the memory backend keeps objects, no bytes to corrupt).
+    The stored bytes themselves go through the real decoders in
+    tests/redis/test_recovery_bad_days.py (every field an intent is decoded from)
+    and tests/scylla/test_recovery_queue.py (the cells, rewritten by CQL)."""
     clock = ManualClock()
     backend = await harness.open(clock=clock)
     tenant = unique("t")

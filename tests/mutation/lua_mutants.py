@@ -247,17 +247,17 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
     _lua(
         "lua-commit-stays-in-queue", "recovery",
         "commit leaves the key in the recovery queue",
-        COMMITS, "redis.call('ZREM', KEYS[7], ARGV[12])\n",
+        LUA, "  redis.call('ZREM', queue, member)\n",
     ),
     _lua(
         "lua-commit-stays-in-created", "recovery",
         "commit leaves the key in the creation-time index (oldest-unfinished age)",
-        COMMITS, "redis.call('ZREM', KEYS[8], ARGV[12])\n",
+        LUA, "  redis.call('ZREM', created, member)\n",
     ),
     _lua(
         "lua-commit-stays-quarantined", "recovery",
         "a quarantined intent that commits stays in the quarantine",
-        COMMITS, "redis.call('ZREM', KEYS[10], ARGV[12])\n",
+        LUA, "  redis.call('ZREM', quarantine, member)\n",
     ),
     _lua(
         "lua-commit-always-unpins", "ACK",
@@ -269,8 +269,8 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
     _lua(
         "lua-commit-pointer-never-expires", "conflict",
         "the key pointer of a committed key never expires logically",
-        COMMITS, "redis.call('HSET', KEYS[11], 'c', ARGV[13], 'x', expires)",
-        "redis.call('HSET', KEYS[11], 'c', ARGV[13])",
+        LUA, "redis.call('HSET', pointer, 'c', conversation, 'x', expires)",
+        "redis.call('HSET', pointer, 'c', conversation)",
     ),
     # --- load ------------------------------------------------------------------------------
     _lua(

@@ -7,8 +7,9 @@ import pytest
 from redis.asyncio import Redis
 
 from service.domain.committer import MessageCommitter
+from service.domain.errors import Recoverable
 from service.domain.faults import FaultPoint, InjectedCrash
-from service.domain.model import AuthenticatedSend
+from service.domain.model import AuthenticatedSend, CommittedMessage
 from service.domain.ports import Backend, ManualClock
 from service.domain.recovery import RecoveryPolicy
 from tests.servers.redis_server import RedisHarness
@@ -46,29 +47,42 @@ def _commit_key(redis_h: RedisHarness, request: AuthenticatedSend) -> str:
     return ck.commit(request.key.sender, request.key.cmid)
 
 
+DEEP_LIST = b"[" * 200_000 + b"]" * 200_000  # json.loads: RecursionError, not ValueError
+
+
 @pytest.mark.parametrize(
-    "blob",
+    ("field", "blob"),
     [
-        b"[" * 200_000 + b"]" * 200_000,  # json.loads: RecursionError, not ValueError
-        b'{"i":' * 5_000 + b"1" + b"}" * 5_000,
-        b"\xff\xfe not json",
+        ("r", DEEP_LIST),
+        ("r", b'{"i":' * 5_000 + b"1" + b"}" * 5_000),
+        ("r", b"\xff\xfe not json"),
+        ("d", DEEP_LIST),  # the frozen delivery goes through the same bounded decoder
+        ("d", b"\xff\xfe not json"),
+        ("s", b"\xff not a seq"),
+        ("ca", b"\xff not a time"),
     ],
-    ids=["deep-list", "deep-object", "bytes"],
-)
+    ids=["record-deep-list", "record-deep-object", "record-bytes", "delivery-deep-list",
+         "delivery-bytes", "seq-bytes", "created-bytes"],
+)  # fmt: skip
 async def test_an_intent_no_decoder_can_take_is_quarantined_alone(
-    redis_h: RedisHarness, raw: Redis, blob: bytes
+    redis_h: RedisHarness, raw: Redis, field: str, blob: bytes
 ) -> None:
-    """The record's bytes, as stored, go through the real decoders: whatever
-    they raise, that one intent is quarantined and the others are finished."""
+    """One field of the commit hash, as stored bytes, rewritten (no wrapper): the
+    real decoders meet it, and whatever they raise, that one intent is
+    quarantined, a retry of it is never ACKed, and the others are finished."""
     clock = ManualClock()
     c, _, stuck = await _stuck(redis_h, clock, 4)
     poison = stuck[0]
-    assert await raw.hset(_commit_key(redis_h, poison), "r", blob) == 0
+    assert await raw.hset(_commit_key(redis_h, poison), field, blob) == 0  # overwritten
     report = await c.recover_due(clock.now_ms() - 30_000, 100)
     assert (report.scanned, report.committed, report.quarantined) == (4, 3, 1)
     item = await c.recovery_item(poison.key)
     assert item.quarantined and item.intent is None and item.problem
     assert (await c.recover_due(clock.now_ms(), 100)).scanned == 0
+    with pytest.raises(Recoverable):  # a client retry is never ACKed while it is bad
+        await c.commit_send(poison)
+    for request in stuck[1:]:
+        assert isinstance(await c.commit_send(request), CommittedMessage)
 
 
 async def test_orphaned_queue_entries_at_the_head_are_removed_and_never_stop_recovery(

@@ -8,22 +8,31 @@ refused one keeps serving and replaying the original ACKs.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
+import grpc
 import pytest
+from grpc import aio
 
 from backends.scylla import open_scylla_backend
 from backends.scylla.skew import measure
-from service.bootstrap import BackendUnreachable, open_backend, replica_clock
+from service.api import convert, errors
+from service.bootstrap import BackendUnreachable, build_server, open_backend, replica_clock
 from service.config import ServiceConfig
 from service.domain.errors import Recoverable, StoreMisconfigured
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
+from service.gen.message_committer.v1 import committer_pb2 as pb
+from service.gen.message_committer.v1 import committer_pb2_grpc
 from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
 
 pytestmark = pytest.mark.scylla
+
+DAY_MS = 86_400_000
+MAX_POLLS = 600
 
 
 @dataclass
@@ -120,3 +129,57 @@ async def test_a_clock_that_jumps_after_open_never_re_reserves_an_acked_key(
         assert await c.commit_send(request) == ack
     finally:
         await backend.close()
+
+
+async def test_a_clock_8_days_ahead_after_start_refuses_writes_fail_closed(
+    scylla: ScyllaHarness,
+) -> None:
+    """Issue 24 items 2 and 9: the real bound case. A serving replica's clock jumps
+    8 days ahead (past the 7-day window, far past the 3 s skew bound): the next
+    readiness probe closes the gate, and every write is refused UNAVAILABLE with
+    reason FAIL_CLOSED (not only health), nothing written; back in time, the
+    gate opens and the ACKed send replays its ACK."""
+    clock = AdjustableClock()
+    backend = await _open(scylla, clock)
+    config = ServiceConfig(
+        backend="scylla", grpc_address="127.0.0.1:0", http_address="127.0.0.1:0",
+        readiness_interval=0.05, recovery_interval=3600.0, sender_rate_per_s=0.0,
+    )  # fmt: skip
+    server = build_server(config, backend, clock=clock)
+    await server.start()
+    tenant = unique("t")
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            commits = committer_pb2_grpc.MessageCommitterServiceStub(channel)
+            await conversation(backend, tenant)
+            acked = pb.CommitRequest(send=convert.send_to_proto(send(tenant, cmid="acked")))
+            first = (await commits.Commit(acked, timeout=10)).message
+
+            clock.offset_ms = 8 * DAY_MS
+            for _ in range(MAX_POLLS):  # the probe that measures the clock closes the gate
+                if "StoreMisconfigured" in server.probe.readiness.reason:
+                    break
+                await asyncio.sleep(0.05)
+            fresh = pb.CommitRequest(send=convert.send_to_proto(send(tenant, cmid="fresh")))
+            for request in (acked, fresh):
+                with pytest.raises(aio.AioRpcError) as refused:
+                    await commits.Commit(request, timeout=10)
+                assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+                trailer = refused.value.trailing_metadata()
+                assert errors.parse_details(trailer).reason == "FAIL_CLOSED"  # type: ignore[arg-type]
+                assert "StoreMisconfigured" in (refused.value.details() or "")
+            rows = await store_of(backend).cql.simple(
+                "SELECT cmid FROM {ks}.commits WHERE tenant = %s AND sender = %s AND cmid = %s",
+                (tenant, "alice", "fresh"),
+            )
+            assert list(rows) == []  # nothing written
+
+            clock.offset_ms = 0
+            for _ in range(MAX_POLLS):  # the next successful probe opens the gate
+                if server.probe.readiness.ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await commits.Commit(acked, timeout=10)).message == first
+            assert (await commits.Commit(fresh, timeout=10)).message.seq == first.seq + 1
+    finally:
+        await server.stop(grace_s=0.5)
