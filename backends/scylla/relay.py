@@ -288,20 +288,30 @@ class ScyllaOutboxPartitions(OutboxPartitions):
         done = {parsed[p] for p in settlement.sent} | {
             parsed[d.entry.publication.position] for d in settlement.dead
         }
-        for d in settlement.dead:  # before the settle: a crash in between only repeats it
-            e = d.entry
+        # Letters go before the settle (a crash in between only repeats them), but
+        # never from a relay known to be deposed: the token is read first, and
+        # letters written by one deposed meanwhile are taken back when its settle
+        # is refused. Only a crash in that window can leave one behind.
+        if settlement.dead:
+            await self._fence(lease)
+        letters = []
+        for d in settlement.dead:
+            e, letter = d.entry, uuid.uuid1()
             await self._cql.write(
                 "dl.add",
-                (self._ns, lease.partition, uuid.uuid1(), parsed[e.publication.position],
+                (self._ns, lease.partition, letter, parsed[e.publication.position],
                  e.tenant, e.conversation, e.seq, e.message_id,
                  UNSET_VALUE if e.recipients is None else list(e.recipients),
                  e.membership_version, d.problem, d.attempts),
             )  # fmt: skip
+            letters.append(letter)
         acked = self._ack_point(held, done)
         if not await self._cql.cas(
             "rl.settle", (acked, marks, self._ns, lease.partition, lease.token)
         ):
             self._held.pop(lease.partition, None)
+            for letter in letters:
+                await self._cql.write("dl.drop", (self._ns, lease.partition, letter))
             raise LeaseLost("another relay holds a newer lease on this partition")
         for u in done:
             held.sending.pop(u, None)
