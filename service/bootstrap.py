@@ -216,6 +216,7 @@ def build_server(
             metrics=RelayMetrics(metrics.registry),
             clock=clock,
             faults=faults,
+            shares_loop=True,  # the RPCs' loop: one partition step per loop turn
         )
     return CommitServer(
         config,

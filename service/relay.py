@@ -16,6 +16,14 @@ failed step is logged by error class and retried after the first retry
 delay, reconciling first. ``InjectedCrash`` (tests) stops the whole runner
 where it is, without releasing anything, as a crash would. A graceful stop
 releases every lease, so other relays take over at once.
+
+A relay that shares its event loop with the server's RPCs (memory: its steps
+never suspend) runs at most one partition step per loop turn
+(``shares_loop``): partitions take turns through one lock, held into the
+next loop turn, so the I/O poll (the RPCs) runs between any two steps. Without it,
+every backlogged partition stepped in the same turn (128 steps of up to a
+batch each, about a second of CPU), and each RPC waited that long per turn it
+needed (Health/Check at 10 calls/s, p99.9 4.9 s, issue 27).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from service.domain.errors import IllegalTransition, LeaseLost, StoreError, Stor
 from service.domain.faults import FaultPoints, InjectedCrash
 from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
-from service.domain.relay_worker import PartitionWork
+from service.domain.relay_worker import PartitionWork, StepResult
 from service.domain.targets import Targets
 from service.relay_metrics import RelayMetrics
 from service.tasks import cancel_and_wait, wait_event
@@ -78,7 +86,9 @@ class RelayRunner:
         clock: Clock | None = None,
         owner: str | None = None,
         faults: FaultPoints | None = None,
+        shares_loop: bool = False,
     ) -> None:
+        """``shares_loop``: this relay runs on the server's event loop (see the module)."""
         if backend.delivery is None:
             raise ValueError("this backend has no delivery side")
         self._ports: DeliveryPorts = backend.delivery
@@ -92,6 +102,7 @@ class RelayRunner:
         self._held: dict[str, _Held] = {}
         self._stop = asyncio.Event()
         self._became_idle = asyncio.Event()
+        self._turn = asyncio.Lock() if shares_loop else None
         self.crashed: InjectedCrash | None = None
         self.ready = False
         self.rounds = 0
@@ -218,7 +229,7 @@ class RelayRunner:
         try:
             while held.active and not self._stop.is_set():
                 try:
-                    result = await work.step()
+                    result = await self._step(work)
                 except InjectedCrash as crash:
                     self._crash(crash)
                     return
@@ -256,6 +267,16 @@ class RelayRunner:
             if not held.active and self.crashed is None and work.lease.partition not in self._held:
                 with contextlib.suppress(StoreError):
                     await self._release(work.lease)
+
+    async def _step(self, work: PartitionWork) -> StepResult:
+        if self._turn is None:
+            return await work.step()
+        async with self._turn:
+            result = await work.step()
+            # Hold the turn into the loop's next turn: a step of memory never suspends,
+            # so released here, the other partitions would take it in this same turn.
+            await asyncio.sleep(0)
+        return result
 
     def _drop(self, held: _Held) -> None:
         held.active = False

@@ -101,6 +101,8 @@ class BackendBench:
         self.population = population
         self.progress = progress
         self.report = BackendReport(target.backend, target.description, notes=list(target.notes))
+        self._drained: tuple[float, str] = (0.0, "")
+        """The longest wait for the in-process relay before a phase, and that phase."""
 
     def _jobs(self, kind: Kind, duration: float, serial: int = 0, total: int = 0) -> list[Job]:
         """One job per client process; ``serial`` > 0: that many calls from one stream;
@@ -129,9 +131,18 @@ class BackendBench:
             for streams, calls in zip(streams, calls, strict=True)
         ]
 
+    async def _drain(self, label: str) -> None:
+        """Before a phase: let the in-process relay deliver what earlier phases committed."""
+        waited = await self.target.relay_drained()
+        if waited is None:
+            self.report.notes.append(f"the in-process relay had not drained before {label}")
+        elif waited > self._drained[0]:
+            self._drained = (waited, label)
+
     async def grpc_phase(
         self, kind: Kind, duration: float, label: str, serial: int = 0, total: int = 0
     ) -> Round:
+        await self._drain(label)
         self.progress.begin(f"[{self.target.backend}] {label}", duration)
         before = await self.target.requests()
         limit = duration + self.args.timeout + 60
@@ -145,6 +156,7 @@ class BackendBench:
 
     async def floor_phase(self, op: Callable[[], Awaitable[None]], label: str) -> Round:
         a = self.args
+        await self._drain(label)
         self.progress.begin(f"[{self.target.backend}] {label}", a.duration)
         before = await self.target.requests()
         try:
@@ -239,6 +251,12 @@ class BackendBench:
             in_here = self.target.server is not None or name in FLOOR_DESCRIPTIONS
             self.report.phases[name] = Phase.build(name, kind_name, text, measured, in_here)
             self.report.rounds[name] = measured
+        if self._drained[1]:
+            waited, label = self._drained
+            self.report.notes.append(
+                "before each phase the in-process relay delivered what the earlier ones"
+                f" committed (longest wait {waited:.1f} s, before {label})"
+            )
         if self.target.server is None:
             self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
