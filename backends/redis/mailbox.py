@@ -391,11 +391,7 @@ class RedisMailboxStore(MailboxStore):
 
     async def _retain(self, mailbox: Mailbox) -> None:
         s = self._settings
-        word, rest = await self._calls.run(
-            RETAIN, self._keys(mailbox).all(), [s.retention_ms, s.max_entries]
-        )
-        if word != b"ok" or len(rest) != 3:
-            raise StoreCorrupt("redis gave an unexpected reply")
+        await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries])
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
         if not mailboxes:
@@ -431,13 +427,14 @@ class RedisMailboxStore(MailboxStore):
         return result
 
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
-        word, rest = await self._calls.run(TRIM, self._keys(mailbox).all(), [through_seq])
-        if word != b"ok" or len(rest) != 3:
-            raise StoreCorrupt("redis gave an unexpected reply")
-        return _state(rest)
+        return await self._lane_script(TRIM, mailbox, [through_seq])
 
     async def new_epoch(self, mailbox: Mailbox) -> LaneState:
-        word, rest = await self._calls.run(NEW_EPOCH, self._keys(mailbox).all(), [])
+        return await self._lane_script(NEW_EPOCH, mailbox, [])
+
+    async def _lane_script(self, which: Any, mailbox: Mailbox, args: list[Any]) -> LaneState:
+        """One of the scripts that change a lane and answer its (epoch, head, watermark)."""
+        word, rest = await self._calls.run(which, self._keys(mailbox).all(), args)
         if word != b"ok" or len(rest) != 3:
             raise StoreCorrupt("redis gave an unexpected reply")
         return _state(rest)
