@@ -16,18 +16,22 @@ pytest_plugins = [
 ]
 
 
-CQL_FIXTURES = frozenset({"cql_server", "cql_cluster"})
+SHARED_CQL_FIXTURES = frozenset({"cql_server", "cql_contact", "cql_keyspace", "scylla_harness"})
+CLUSTER_FIXTURES = frozenset({"cql_cluster", "cql_cluster_keyspace", "scylla_cluster_harness"})
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``scripts/test.sh`` runs two workers with ``--dist
-    loadgroup``), every case that reaches a CQL server runs on one worker: the
-    session's Cassandra node and 3-node cluster are started once, not once per
-    worker (each takes 1-2 GiB and a minute of CPU). The rest, redis-servers
-    included (cheap, one per worker), is spread over both workers; a module whose
-    cases share a module-scoped fixture (a served backend, say) keeps them on one
-    worker. The group is written into the node id as xdist itself does (``id@group``)."""
+    loadgroup``), the cases on the session's CQL node run on one worker (group
+    ``cql``) and the cases on the 3-node cluster on one worker (group
+    ``cql-cluster``): each is started once, not once per worker (1-2 GiB and a
+    minute of CPU each). The two groups are the largest, so xdist hands one to
+    each worker first; a case that starts a CQL node of its own (marker
+    ``own_cql``) and the rest, redis-servers included (cheap, one per worker), fill
+    in around them. A module whose cases share a module-scoped fixture (a served
+    backend, say) keeps them on one worker. The group is written into the node id
+    as xdist itself does (``id@group``)."""
     if not config.getoption("loadgroup", default=False):  # absent when xdist is not loaded
         return
     for item in items:
@@ -50,14 +54,19 @@ def _rename(item: pytest.Item, nodeid: str) -> None:
 
 
 def _group_of(item: pytest.Item) -> str:
+    """``cql-cluster``, ``cql``, the module (module-scoped fixtures) or none. A backend
+    fetched with ``getfixturevalue`` is not among the fixture names: its parameter
+    (``scylla``) or marks (``scylla``, ``cluster``) tell instead."""
     names = set(getattr(item, "fixturenames", ()))
     callspec = getattr(item, "callspec", None)
     param_ids = str(callspec.id) if callspec is not None else ""
-    if (
-        names & CQL_FIXTURES
-        or item.get_closest_marker("scylla") is not None
-        or (item.get_closest_marker("cluster") is not None and "scylla" in param_ids)
+    scylla = item.get_closest_marker("scylla") is not None or "scylla" in param_ids
+    own = item.get_closest_marker("own_cql") is not None
+    if names & CLUSTER_FIXTURES or (
+        scylla and not own and item.get_closest_marker("cluster") is not None
     ):
+        return "cql-cluster"
+    if names & SHARED_CQL_FIXTURES or (scylla and not own):
         return "cql"
     if _uses_module_fixture(item):  # set up once, on one worker
         return item.nodeid.split("::", 1)[0]

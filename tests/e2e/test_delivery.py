@@ -24,6 +24,7 @@ import re
 import signal
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -178,10 +179,12 @@ async def _until(check: Callable[[], bool], timeout_s: float, what: str) -> None
     raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
 
 
-async def _lane(
-    client: CommitClient, tenant: str, user: str, cursor: MailboxCursor
-) -> list[tuple[str, int, str]]:
-    found: list[tuple[str, int, str]] = []
+Entry = tuple[str, int, str]
+"""A mailbox entry as these checks compare it: (conversation, seq, message id)."""
+
+
+async def _lane(client: CommitClient, tenant: str, user: str, cursor: MailboxCursor) -> list[Entry]:
+    found: list[Entry] = []
     for _ in range(1000):
         page = await client.sync(tenant, user, cursor, limit=50)
         found += [(e.record.conversation, e.record.seq, e.record.message_id) for e in page.entries]
@@ -189,6 +192,18 @@ async def _lane(
         if not page.more:
             return found
     raise AssertionError("the lane did not end")
+
+
+def _lane_problem(user: str, lane: list[Entry], expected: list[Entry]) -> str:
+    """What is wrong with ``user``'s lane: what is missing, held twice or unexpected,
+    else the order (a bare list diff does not tell a loss from a reordering)."""
+    counts = Counter(lane)
+    missing = [e for e in expected if e not in counts]
+    twice = [e for e, n in counts.items() if n > 1]
+    strange = [e for e in counts if e not in set(expected)]
+    if missing or twice or strange:
+        return f"{user}: missing {missing}, held twice {twice}, not expected {strange}"
+    return f"{user}: every message once, out of order: {[seq for _, seq, _ in lane]}"
 
 
 async def _holds_last(
@@ -294,9 +309,10 @@ async def test_every_message_reaches_every_frozen_recipient_once_through_kills(
             if conversation in ("big", "chatty"):
                 continue
             for user in users:
-                assert (
-                    await _lane(reader, tenant, user, MailboxCursor()) == expected[conversation]
-                ), user
+                lane = await _lane(reader, tenant, user, MailboxCursor())
+                assert lane == expected[conversation], _lane_problem(
+                    user, lane, expected[conversation]
+                )
         for user in members["big"]:
             assert (
                 await _lane(reader, tenant, user, MailboxCursor("conversation:big"))

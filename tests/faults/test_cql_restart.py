@@ -35,7 +35,7 @@ from tests.faults.support import Report, Service, observe, unfinished, verify
 from tests.servers.cql_server import Node
 from tests.support import unique
 
-pytestmark = [pytest.mark.slow, pytest.mark.scylla]
+pytestmark = [pytest.mark.slow, pytest.mark.scylla, pytest.mark.own_cql]  # its own node
 
 WORKERS = 16
 ACKS_PER_PHASE = 80

@@ -27,7 +27,7 @@ from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
 
-pytestmark = pytest.mark.scylla
+pytestmark = [pytest.mark.scylla, pytest.mark.own_cql]  # cases with no node; the rest ask for one
 
 SECRETS = ("mc-user-4711", "pw-very-secret-0815")
 

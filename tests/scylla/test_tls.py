@@ -21,7 +21,7 @@ from service import config
 from service.domain.errors import StoreInvalid, StoreUnavailable
 from tests.servers.cql_server import start_node
 
-pytestmark = [pytest.mark.scylla, pytest.mark.slow]
+pytestmark = [pytest.mark.scylla, pytest.mark.slow, pytest.mark.own_cql]  # its own TLS node
 
 PASSWORD = "changeit"
 

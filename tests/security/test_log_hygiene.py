@@ -437,6 +437,7 @@ def test_serve_on_scylla_with_a_password_logs_no_secret(
 
 
 @pytest.mark.scylla
+@pytest.mark.own_cql  # no node at all
 @pytest.mark.parametrize("log_format", LOG_FORMATS)
 def test_serve_with_an_unreachable_cql_node_fails_without_leaking(log_format: str) -> None:
     with socket.socket() as probe:  # a port nothing listens on
