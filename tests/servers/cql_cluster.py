@@ -99,7 +99,7 @@ def cql_cluster() -> Iterator[ClusterServer]:
         yield server
     finally:
         assert server.cluster is not None
-        server.cluster.stop()
+        server.cluster.kill()  # its data is deleted next: no drain of three nodes
         shutil.rmtree(directory, ignore_errors=True)
 
 
