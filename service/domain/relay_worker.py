@@ -33,15 +33,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
-from service.domain.delivery import (
-    AppendNotReplicated,
-    AppendOutcome,
-    AppendRequest,
-    DeliveryPorts,
-)
+from service.domain.delivery import AppendRequest, DeliveryPorts
 from service.domain.errors import (
     LeaseLost,
     StoreCorrupt,
@@ -67,11 +62,12 @@ from service.domain.relay import (
     Verdict,
     verdict,
 )
+from service.domain.relay_appends import Appends, LaneObserver
 from service.domain.relay_waiting import Waiting
 from service.domain.targets import Targets
 
 
-class RelayObserver(Protocol):
+class RelayObserver(LaneObserver, Protocol):
     """Receives what the relay did; the service layer turns it into metrics."""
 
     def on_delivered(
@@ -80,9 +76,6 @@ class RelayObserver(Protocol):
     def on_retried(self, entries: int) -> None: ...
     def on_dead_lettered(self, entries: int) -> None: ...
     def on_reconciled(self, result: Verdict, entries: int) -> None: ...
-    def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
-        """A lane (``kind``: inbox or conversation) was found at ``found``, below the
-        ``seen`` mark, and was restarted at ``epoch``."""
 
 
 class NoObserver:
@@ -100,9 +93,6 @@ class NoObserver:
 
     def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
         pass
-
-
-_KINDS = {"u": "inbox", "c": "conversation"}
 
 
 class Undeliverable(Exception):
@@ -411,120 +401,12 @@ class PartitionWork:
         ]
         half = len(requests) // 2
         broken: dict[Mailbox, str] = {}
-        outcomes = await self._append(requests[:half], broken)
+        appends = Appends(self._ports.mailbox, self.lease.fence, self._marks, self._observer)
+        outcomes = await appends.write(requests[:half], broken)
         self._faults.check(RelayPoint.MID_FANOUT)
-        outcomes += await self._append(requests[half:], broken)
+        outcomes += await appends.write(requests[half:], broken)
         self._faults.check(RelayPoint.AFTER_FANOUT)
         return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes), broken
-
-    async def _append(
-        self, requests: list[AppendRequest], broken: dict[Mailbox, str]
-    ) -> list[AppendOutcome]:
-        """The requests in order, one call per run in which no mailbox repeats (a
-        backend writes the requests of one call independently, maybe at once). A
-        failed call is made again one mailbox at a time, so that only the failing
-        mailboxes go into ``broken``; their later requests are left out."""
-        outcomes: list[AppendOutcome] = []
-        start = 0
-        while start < len(requests):
-            run: list[AppendRequest] = []
-            seen: set[Mailbox] = set()
-            while start < len(requests) and requests[start].mailbox not in seen:
-                seen.add(requests[start].mailbox)
-                if requests[start].mailbox not in broken:
-                    run.append(requests[start])
-                start += 1
-            outcomes += await self._append_run(run, broken)
-        return outcomes
-
-    async def _append_run(
-        self, run: list[AppendRequest], broken: dict[Mailbox, str]
-    ) -> list[AppendOutcome]:
-        """The run with each lane's mark as its floor. A lane found below its mark
-        (it lost entries: a failover, a restore) starts its next epoch and gets
-        its request again; every other lane's mark rises to what it answered."""
-        if not run:
-            return []
-        done = await self._append_calls([self._floored(r) for r in run], broken)
-        fell = [(r, o) for r, o in done if o.moved_back]
-        if fell:
-            again = [r for r, o in fell if await self._restart(r, o, broken)]
-            done = [p for p in done if not p[1].moved_back]
-            for request, outcome in await self._append_calls(
-                [self._floored(r) for r in again], broken
-            ):
-                if outcome.moved_back:  # below its fresh epoch at once: leave it for now
-                    broken[request.mailbox] = "LaneMovedBack"
-                else:
-                    done.append((request, outcome))
-        self._note(done)
-        return [o for _, o in done]
-
-    def _note(self, done: Sequence[tuple[AppendRequest, AppendOutcome]]) -> None:
-        """Raise the marks of the lanes written to what they answered."""
-        for request, outcome in done:
-            if not (outcome.fenced or outcome.moved_back):
-                self._marks.saw(request.mailbox, outcome.epoch, outcome.head)
-
-    def _floored(self, request: AppendRequest) -> AppendRequest:
-        return replace(request, floor=self._marks.get(request.mailbox))
-
-    async def _restart(
-        self, request: AppendRequest, outcome: AppendOutcome, broken: dict[Mailbox, str]
-    ) -> bool:
-        """Start the next epoch of a lane that moved back (above every epoch seen), so
-        every cursor into what it lost answers CURSOR_EXPIRED; False when that failed."""
-        seen = request.floor or LaneMark(0, 0)
-        try:
-            state = await self._ports.mailbox.new_epoch(request.mailbox, above=seen.epoch)
-        except StoreError as exc:
-            broken[request.mailbox] = type(exc).__name__
-            return False
-        self._marks.restarted(request.mailbox, state.epoch)
-        found = LaneMark(outcome.epoch, outcome.head)
-        self._observer.on_lane_moved_back(
-            _KINDS.get(request.mailbox.kind.value, "lane"), seen, found, state.epoch
-        )
-        return True
-
-    async def _append_calls(
-        self, run: list[AppendRequest], broken: dict[Mailbox, str]
-    ) -> list[tuple[AppendRequest, AppendOutcome]]:
-        """One call for the run; when it fails, one call per request, so that only
-        the failing mailboxes go into ``broken``. StoreFenced when one was fenced."""
-        if not run:
-            return []
-        try:
-            done = list(
-                zip(run, await self._ports.mailbox.append(run, self.lease.fence), strict=True)
-            )
-        except (LeaseLost, StoreFenced):
-            raise
-        except StoreError as exc:
-            self._applied(run, exc)
-            if len(run) == 1:
-                broken[run[0].mailbox] = type(exc).__name__
-                return []
-            done = []
-            for request in run:
-                try:
-                    one = await self._ports.mailbox.append([request], self.lease.fence)
-                except (LeaseLost, StoreFenced):
-                    raise
-                except StoreError as alone:
-                    self._applied([request], alone)
-                    broken[request.mailbox] = type(alone).__name__
-                else:
-                    done += zip([request], one, strict=True)
-        if any(o.fenced for _, o in done):
-            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
-        return done
-
-    def _applied(self, run: list[AppendRequest], error: StoreError) -> None:
-        """Appends that were applied but not replicated in time count for the marks:
-        a reader may have seen them, so losing them later is a lane moving back."""
-        if isinstance(error, AppendNotReplicated) and len(error.outcomes) == len(run):
-            self._note(list(zip(run, error.outcomes, strict=True)))
 
     async def _settle(self, settlement: Settlement) -> None:
         if settlement.empty:
