@@ -22,7 +22,9 @@ key                    type     what
 
 ``APPEND`` handles the mailboxes of one shard in one script call (each one
 all or nothing): it checks the fence first (an older token than one seen:
-refused, nothing written to that mailbox), then dedupes, allocates seqs and
+refused, nothing written to that mailbox), then the writer's floor (a lane
+below the ``(epoch, head)`` the relay saw moved back: refused, nothing
+written; ``service.domain.lane_marks``), then dedupes, allocates seqs and
 writes the group, then applies retention (``service.domain.mailbox.trim_cut``,
 mirrored in Lua) at group boundaries. A record going to many mailboxes is
 sent once per call, and the calls of one relay step are pipelined: a

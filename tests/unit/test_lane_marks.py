@@ -7,6 +7,7 @@ lane; tests/redis/test_delivery_replication.py does it with a real failover)."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 
@@ -16,6 +17,7 @@ from service.domain.errors import CursorExpired
 from service.domain.lane_marks import LaneMark, LaneMarks, moved_back, next_epoch
 from service.domain.mailbox import LaneState, Mailbox, MailboxCursor
 from service.domain.ports import ManualClock
+from service.relay_metrics import RelayMetrics
 from tests.conformance.relay_support import Seen, drain, inbox, ports
 from tests.support import committer, send, unique
 
@@ -92,3 +94,17 @@ async def test_an_operators_new_epoch_is_not_a_lane_moving_back() -> None:
     assert seen.moved_back == []
     assert await ports(backend).mailbox.lane_state([bob]) == [LaneState(2, 1, 0)]
     assert marks.get(bob) == LaneMark(2, 1)
+
+
+def test_a_restart_is_counted_and_logged_without_ids(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = RelayMetrics()
+    with caplog.at_level(logging.WARNING, logger="service.relay"):
+        metrics.on_lane_moved_back("inbox", LaneMark(1, 2), LaneMark(1, 1), 2)
+    count = metrics.registry.get_sample_value(
+        "message_committer_relay_lanes_moved_back_total", {"lane": "inbox"}
+    )
+    assert count == 1
+    (line,) = caplog.records
+    assert line.levelno == logging.WARNING
+    assert "seen epoch 1 head 2, found epoch 1 head 1" in line.getMessage()
+    assert "restarted it in epoch 2" in line.getMessage()
