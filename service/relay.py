@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from service.domain.delivery import DeliveryPorts
 from service.domain.errors import IllegalTransition, LeaseLost, StoreError, StoreFenced
 from service.domain.faults import FaultPoints, InjectedCrash
+from service.domain.lane_marks import LaneMarks
 from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
 from service.domain.relay_worker import PartitionWork, StepResult
@@ -94,6 +95,7 @@ class RelayRunner:
         self._ports: DeliveryPorts = backend.delivery
         self._policy = policy.validate()
         self._targets = Targets(self._ports, backend.membership, policy.fanout_threshold)
+        self._marks = LaneMarks()  # the lanes' high-water marks, over every partition held
         self._idle_s = idle_wait_s
         self._metrics = metrics
         self._clock = clock or SystemClock()
@@ -203,6 +205,7 @@ class RelayRunner:
                 clock=self._clock,
                 faults=self.faults,
                 observer=self._metrics,
+                marks=self._marks,
             )
         except InjectedCrash as crash:
             self._crash(crash)

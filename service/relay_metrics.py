@@ -21,6 +21,10 @@ message_committer_relay_takeovers_total              leases taken with a new fen
 message_committer_relay_fenced_total                 steps refused because another relay
                                                      holds a newer token (this one was
                                                      deposed)
+message_committer_relay_lanes_moved_back_total{lane}  lanes found below the (epoch, head)
+                                                     this relay saw (a failover or restore
+                                                     lost entries) and restarted in a new
+                                                     epoch; lane is inbox or conversation
 message_committer_relay_errors_total{kind}           failed steps, by error class
 message_committer_relay_partitions_held              partitions this relay holds now
 message_committer_relay_partitions                   partitions of the outbox
@@ -32,9 +36,14 @@ No label carries an id, a partition name or an address.
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.domain.lane_marks import LaneMark
 from service.domain.relay import Verdict
+
+log = logging.getLogger("service.relay")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -92,6 +101,12 @@ class RelayMetrics:
             "Steps refused because another relay holds a newer fencing token.",
             registry=r,
         )
+        self.lanes_moved_back = Counter(
+            "message_committer_relay_lanes_moved_back",
+            "Lanes found below the (epoch, head) this relay saw, restarted in a new epoch.",
+            ("lane",),
+            registry=r,
+        )
         self.errors = Counter(
             "message_committer_relay_errors",
             "Relay steps that failed, by error class.",
@@ -113,6 +128,8 @@ class RelayMetrics:
         )
         for result in Verdict:
             self.reconciled.labels(result.value)
+        for lane in ("inbox", "conversation"):
+            self.lanes_moved_back.labels(lane)
 
     # --- RelayObserver ------------------------------------------------------
 
@@ -131,3 +148,11 @@ class RelayMetrics:
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         self.reconciled.labels(result.value).inc(entries)
+
+    def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
+        self.lanes_moved_back.labels(kind).inc()
+        log.warning(
+            "relay: a %s lane moved back (seen epoch %d head %d, found epoch %d head %d, "
+            "lost entries: a failover or restore); restarted it in epoch %d, its clients rebuild",
+            kind, seen.epoch, seen.head, found.epoch, found.head, epoch,
+        )  # fmt: skip

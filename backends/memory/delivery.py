@@ -23,6 +23,7 @@ from service.domain.delivery import (
     MailboxStore,
 )
 from service.domain.errors import StoreInvalid
+from service.domain.lane_marks import moved_back
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxEntry
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
@@ -126,6 +127,8 @@ class MemoryMailboxStore(MailboxStore):
         lane = self._delivery.lane(request.mailbox)
         if lane.fences.get(fence.partition, 0) > fence.token:
             return AppendOutcome(fenced=True)
+        if moved_back(request.floor, lane.epoch, lane.head):
+            return AppendOutcome(epoch=lane.epoch, head=lane.head, moved_back=True)
         lane.fences[fence.partition] = fence.token
         held = (i.message_id for i in request.items if i.message_id in lane.ids)
         fresh = rules.new_items(request.items, held)  # not the whole lane's ids
@@ -141,6 +144,8 @@ class MemoryMailboxStore(MailboxStore):
             added=len(fresh),
             duplicates=len(request.items) - len(fresh),
             first_seq=first if fresh else 0,
+            epoch=lane.epoch,
+            head=lane.head,
         )
 
     def _retain(self, lane: Lane, now: int) -> None:
@@ -194,10 +199,10 @@ class MemoryMailboxStore(MailboxStore):
         lane.trim_to(cut)
         return lane.state
 
-    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
+    async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
         lane = self._delivery.lane(mailbox)
         fences = lane.fences
-        fresh = Lane(epoch=lane.epoch + 1, fences=fences)
+        fresh = Lane(epoch=max(lane.epoch, above) + 1, fences=fences)
         self._delivery.lanes[(mailbox.tenant, mailbox.kind.value, mailbox.owner)] = fresh
         return fresh.state
 

@@ -22,7 +22,9 @@ key                    type     what
 
 ``APPEND`` handles the mailboxes of one shard in one script call (each one
 all or nothing): it checks the fence first (an older token than one seen:
-refused, nothing written to that mailbox), then dedupes, allocates seqs and
+refused, nothing written to that mailbox), then the writer's floor (a lane
+below the ``(epoch, head)`` the relay saw moved back: refused, nothing
+written; ``service.domain.lane_marks``), then dedupes, allocates seqs and
 writes the group, then applies retention (``service.domain.mailbox.trim_cut``,
 mirrored in Lua) at group boundaries. A record going to many mailboxes is
 sent once per call, and the calls of one relay step are pipelined: a
@@ -42,8 +44,14 @@ from backends.redis.commits import CommitCalls, status
 from backends.redis.keys import dec, enc
 from backends.redis.lua import script
 from backends.redis.replication import Replication
-from service.domain.delivery import AppendOutcome, AppendRequest, MailboxSettings, MailboxStore
-from service.domain.errors import StoreCorrupt, StoreInvalid
+from service.domain.delivery import (
+    AppendNotReplicated,
+    AppendOutcome,
+    AppendRequest,
+    MailboxSettings,
+    MailboxStore,
+)
+from service.domain.errors import StoreCorrupt, StoreInvalid, StoreNotReplicated
 from service.domain.mailbox import (
     MAX_GROUP_ENTRIES,
     LaneRead,
@@ -111,17 +119,21 @@ APPEND = script(
 -- Appends to several mailboxes of one shard, each one all or nothing.
 -- KEYS: id, then (meta entries groups ids) per mailbox
 -- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n,
---       then per mailbox: count, record numbers (1-based)...
+--       then per mailbox: floor epoch, floor head (0 0: none), count, record numbers (1-based)...
 --@prologue
 --@retain
 local token = tonumber(ARGV[4])
 local fence_field = 'f:' .. ARGV[3]
 local retention, max_entries = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function append_one(meta, entries, groups, ids, picks)
+local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, picks)
   local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
   if seen > token then return {'fenced', 0, 0, 0} end
   local m = redis.call('HMGET', meta, 'e', 'h', 'w')
-  local head, w = tonumber(m[2] or '0'), tonumber(m[3] or '0')
+  local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+  -- service.domain.lane_marks.moved_back: below what the writer saw, write nothing
+  if epoch < floor_epoch or (epoch == floor_epoch and head < floor_head) then
+    return {'moved', epoch, head}
+  end
   if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
   if seen < token then redis.call('HSET', meta, fence_field, token) end
   local group, added, dups, fresh = head + 1, 0, 0, {}
@@ -146,16 +158,18 @@ local function append_one(meta, entries, groups, ids, picks)
     group = 0
   end
   retain(meta, entries, groups, ids, head, w, retention, max_entries)
-  return {'ok', added, dups, group}
+  return {'ok', added, dups, group, epoch, head}
 end
 local n = tonumber(ARGV[7])
 local pos = 8 + n * 4
 local out = {}
 for k = 2, #KEYS, 4 do
-  local count, picks = tonumber(ARGV[pos]), {}
-  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + c]) - 1) * 4 end
-  pos = pos + count + 1
-  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], picks)
+  local floor_epoch, floor_head = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  local count, picks = tonumber(ARGV[pos + 2]), {}
+  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
+  pos = pos + count + 3
+  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], floor_epoch,
+    floor_head, picks)
 end
 return out
 """.replace("--@retain", _RETAIN),
@@ -224,9 +238,9 @@ return {'ok', epoch, head, w}
 NEW_EPOCH = script(
     "mailbox_new_epoch",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift
+-- KEYS: id meta entries groups ids    ARGV: dep shift above
 --@prologue
-local epoch = tonumber(redis.call('HGET', KEYS[2], 'e') or '1') + 1
+local epoch = math.max(tonumber(redis.call('HGET', KEYS[2], 'e') or '1'), tonumber(ARGV[3])) + 1
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
 redis.call('HDEL', KEYS[2], 't')
@@ -263,10 +277,13 @@ def _outcome(reply: Any) -> AppendOutcome:
     word, rest = status(reply)
     if word == b"fenced":
         return AppendOutcome(fenced=True)
-    if word != b"ok" or len(rest) != 3:
+    if word == b"moved" and len(rest) == 2:
+        epoch, head = (codec.to_int(v) for v in rest)
+        return AppendOutcome(epoch=epoch, head=head, moved_back=True)
+    if word != b"ok" or len(rest) != 5:
         raise StoreCorrupt("redis gave an unexpected reply")
-    added, dups, group = (codec.to_int(v) for v in rest)
-    return AppendOutcome(added, dups, group)
+    added, dups, group, epoch, head = (codec.to_int(v) for v in rest)
+    return AppendOutcome(added, dups, group, epoch=epoch, head=head)
 
 
 def _state(rest: list[Any]) -> LaneState:
@@ -332,8 +349,12 @@ class RedisMailboxStore(MailboxStore):
                     raise StoreCorrupt("redis gave an unexpected reply")
                 for index, one in zip(chunk, reply, strict=True):
                     outcomes[index] = _outcome(one)
-        await self._durable(by_shard)
-        return [outcomes[index] for index in range(len(requests))]
+        done = [outcomes[index] for index in range(len(requests))]
+        try:
+            await self._durable(by_shard)
+        except StoreNotReplicated as exc:  # applied, maybe read: say what it did
+            raise AppendNotReplicated(str(exc), done) from exc
+        return done
 
     async def _durable(self, shards: Iterable[int]) -> None:
         """With ``MC_REDIS_WAIT_REPLICAS``, a barrier per shard written: an append is
@@ -357,6 +378,8 @@ class RedisMailboxStore(MailboxStore):
         for index in chunk:
             request = requests[index]
             keys += self._keys(request.mailbox).lane()
+            floor = request.floor
+            picks += [floor.epoch, floor.head] if floor is not None else [0, 0]
             picks.append(len(request.items))
             for item in request.items:
                 r = item.record
@@ -429,8 +452,8 @@ class RedisMailboxStore(MailboxStore):
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
         return await self._lane_script(TRIM, mailbox, [through_seq])
 
-    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
-        return await self._lane_script(NEW_EPOCH, mailbox, [])
+    async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
+        return await self._lane_script(NEW_EPOCH, mailbox, [above])
 
     async def _lane_script(self, which: Any, mailbox: Mailbox, args: list[Any]) -> LaneState:
         """One of the scripts that change a lane and answer its (epoch, head, watermark)."""

@@ -32,6 +32,7 @@ from backends.scylla.session import CqlSession, Row
 from service.domain import mailbox as rules
 from service.domain.delivery import AppendOutcome, AppendRequest, MailboxSettings, MailboxStore
 from service.domain.errors import StoreCorrupt, StoreInvalid, StoreUnavailable
+from service.domain.lane_marks import moved_back
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxEntry
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
@@ -144,6 +145,10 @@ class ScyllaMailboxStore(MailboxStore):
             state, version, fences, first_ms = _state(statics[0] if statics else None)
             if fences.get(fence.partition, 0) > fence.token:
                 return AppendOutcome(fenced=True)
+            if moved_back(request.floor, state.epoch, state.head):
+                # the floor is the relay's own committed write: a quorum read without it
+                # means the lane lost it (a restore), not that the read is behind
+                return AppendOutcome(epoch=state.epoch, head=state.head, moved_back=True)
             fresh = rules.new_items(request.items, {r["message_id"] for r in present})
             now = self._clock.now_ms()
             first = state.head + 1
@@ -174,7 +179,13 @@ class ScyllaMailboxStore(MailboxStore):
                 first_ms, *key, version,
             )  # fmt: skip
             if await self._cql.cas_batch([("mb.bump", bump), *batch]):
-                return AppendOutcome(len(fresh), len(ids) - len(fresh), first if fresh else 0)
+                return AppendOutcome(
+                    len(fresh),
+                    len(ids) - len(fresh),
+                    first if fresh else 0,
+                    epoch=state.epoch,
+                    head=head,
+                )
         raise StoreUnavailable("scylla: a mailbox kept changing under concurrent appends")
 
     async def _retention(
@@ -287,12 +298,12 @@ class ScyllaMailboxStore(MailboxStore):
                 return LaneState(state.epoch, state.head, watermark)
         raise StoreUnavailable("scylla: a mailbox kept changing under concurrent trims")
 
-    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
+    async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
         key = _key(mailbox)
         for _ in range(MAX_ATTEMPTS):
             statics = await self._cql.read("mb.statics", key)
             state, version, _, _ = _state(statics[0] if statics else None)
-            epoch = state.epoch + 1
+            epoch = max(state.epoch, above) + 1
             batch: list[tuple[str, tuple[Any, ...]]] = [
                 ("mb.bump", (epoch, 0, 0, (version or 0) + 1, {}, None, *key, version)),
                 *(("mb.drop_kind", (*key, kind)) for kind in ("e", "i", "g")),

@@ -11,6 +11,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from service.domain.errors import StoreNotReplicated
+from service.domain.lane_marks import LaneMark
 from service.domain.mailbox import (
     LaneRead,
     LaneState,
@@ -57,17 +59,36 @@ class AppendRequest:
 
     mailbox: Mailbox
     items: tuple[MailboxItem, ...]
+    floor: LaneMark | None = None
+    """The highest (epoch, head) the writer saw this lane at: a lane below it
+    moved backwards, and the append is refused (``moved_back``), nothing written."""
 
 
 @dataclass(frozen=True, slots=True)
 class AppendOutcome:
     """What one append did: how many entries it added (from ``first_seq``) and how
-    many items were already there; ``fenced`` when it was refused for an old token."""
+    many items were already there; ``fenced`` when it was refused for an old token,
+    ``moved_back`` when the lane was below the request's floor. ``epoch`` and
+    ``head`` are the lane's after the append (or when it was refused for its floor)."""
 
     added: int = 0
     duplicates: int = 0
     first_seq: int = 0
     fenced: bool = False
+    epoch: int = 0
+    head: int = 0
+    moved_back: bool = False
+
+
+class AppendNotReplicated(StoreNotReplicated):
+    """The appends were applied on the primary, so readers may have seen them, but
+    too few replicas acknowledged them in time. ``outcomes`` (one per request) says
+    what they did: the writer still learns each lane's head, and a failover that
+    loses those entries is then seen as the lane moving back."""
+
+    def __init__(self, message: str, outcomes: Sequence[AppendOutcome]) -> None:
+        super().__init__(message)
+        self.outcomes = tuple(outcomes)
 
 
 class MailboxStore(abc.ABC):
@@ -76,8 +97,10 @@ class MailboxStore(abc.ABC):
     @abc.abstractmethod
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
         """Each request in one atomic step of its mailbox: refuse it (``fenced``)
-        when the mailbox has seen a newer token of ``fence.partition``; else
-        record the token, leave out the items whose message id the lane holds,
+        when the mailbox has seen a newer token of ``fence.partition``, or
+        (``moved_back``) when the lane's (epoch, head) is below the request's
+        ``floor`` (``service.domain.lane_marks.moved_back``); else record the
+        token, leave out the items whose message id the lane holds,
         give the others the next seqs as one group, and trim by retention.
         Requests are independent: an error may leave some applied."""
 
@@ -107,8 +130,9 @@ class MailboxStore(abc.ABC):
         """Trim every group ending at or below ``through_seq`` now."""
 
     @abc.abstractmethod
-    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
-        """Start the lane's next epoch, empty (after a restore or a rebuild)."""
+    async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
+        """Start the lane's next epoch, empty (after a restore or a rebuild): one
+        above both its current epoch and ``above`` (an epoch seen before a roll-back)."""
 
     async def readiness(self) -> None:
         return None
@@ -231,6 +255,7 @@ class DeliveryPorts:
 
 
 __all__ = [
+    "AppendNotReplicated",
     "AppendOutcome",
     "AppendRequest",
     "ConversationIndex",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from service.domain.delivery import AppendOutcome, AppendRequest, DeliveryPorts
+from service.domain.delivery import AppendRequest, DeliveryPorts
 from service.domain.errors import (
     LeaseLost,
     StoreCorrupt,
@@ -46,6 +46,7 @@ from service.domain.errors import (
     StoreNotFound,
 )
 from service.domain.faults import FaultPoints, RelayPoint
+from service.domain.lane_marks import LaneMark, LaneMarks
 from service.domain.mailbox import Mailbox, MailboxItem, split_group
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
@@ -61,11 +62,12 @@ from service.domain.relay import (
     Verdict,
     verdict,
 )
+from service.domain.relay_appends import Appends, LaneObserver
 from service.domain.relay_waiting import Waiting
 from service.domain.targets import Targets
 
 
-class RelayObserver(Protocol):
+class RelayObserver(LaneObserver, Protocol):
     """Receives what the relay did; the service layer turns it into metrics."""
 
     def on_delivered(
@@ -87,6 +89,9 @@ class NoObserver:
         pass
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
+        pass
+
+    def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
         pass
 
 
@@ -125,8 +130,11 @@ class PartitionWork:
         clock: Clock,
         faults: FaultPoints | None = None,
         observer: RelayObserver | None = None,
+        marks: LaneMarks | None = None,
     ) -> None:
+        """``marks``: the lanes' high-water marks, shared by the relay's partitions."""
         self.lease = lease
+        self._marks = marks if marks is not None else LaneMarks()
         self._ports = ports
         self._targets = targets
         self._policy = policy
@@ -393,56 +401,12 @@ class PartitionWork:
         ]
         half = len(requests) // 2
         broken: dict[Mailbox, str] = {}
-        outcomes = await self._append(requests[:half], broken)
+        appends = Appends(self._ports.mailbox, self.lease.fence, self._marks, self._observer)
+        outcomes = await appends.write(requests[:half], broken)
         self._faults.check(RelayPoint.MID_FANOUT)
-        outcomes += await self._append(requests[half:], broken)
+        outcomes += await appends.write(requests[half:], broken)
         self._faults.check(RelayPoint.AFTER_FANOUT)
         return sum(o.added for o in outcomes), sum(o.duplicates for o in outcomes), broken
-
-    async def _append(
-        self, requests: list[AppendRequest], broken: dict[Mailbox, str]
-    ) -> list[AppendOutcome]:
-        """The requests in order, one call per run in which no mailbox repeats (a
-        backend writes the requests of one call independently, maybe at once). A
-        failed call is made again one mailbox at a time, so that only the failing
-        mailboxes go into ``broken``; their later requests are left out."""
-        outcomes: list[AppendOutcome] = []
-        start = 0
-        while start < len(requests):
-            run: list[AppendRequest] = []
-            seen: set[Mailbox] = set()
-            while start < len(requests) and requests[start].mailbox not in seen:
-                seen.add(requests[start].mailbox)
-                if requests[start].mailbox not in broken:
-                    run.append(requests[start])
-                start += 1
-            outcomes += await self._append_run(run, broken)
-        return outcomes
-
-    async def _append_run(
-        self, run: list[AppendRequest], broken: dict[Mailbox, str]
-    ) -> list[AppendOutcome]:
-        if not run:
-            return []
-        try:
-            done = await self._ports.mailbox.append(run, self.lease.fence)
-        except (LeaseLost, StoreFenced):
-            raise
-        except StoreError as exc:
-            if len(run) == 1:
-                broken[run[0].mailbox] = type(exc).__name__
-                return []
-            done = []
-            for request in run:
-                try:
-                    done += await self._ports.mailbox.append([request], self.lease.fence)
-                except (LeaseLost, StoreFenced):
-                    raise
-                except StoreError as alone:
-                    broken[request.mailbox] = type(alone).__name__
-        if any(o.fenced for o in done):
-            raise StoreFenced("a mailbox has seen a newer fencing token of this partition")
-        return done
 
     async def _settle(self, settlement: Settlement) -> None:
         if settlement.empty:

@@ -16,6 +16,7 @@ from service.domain.delivery import (
 )
 from service.domain.errors import StoreInvalid, StoreUnavailable
 from service.domain.faults import FaultPoints
+from service.domain.lane_marks import LaneMark, LaneMarks
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
 from service.domain.model import Admission, MembershipInfo, MembersSlice, MessageRecord
 from service.domain.ports import Backend, ManualClock, MembershipStore
@@ -37,6 +38,7 @@ class Seen:
     retried: int = 0
     dead: int = 0
     verdicts: Counter[Verdict] = field(default_factory=Counter)
+    moved_back: list[tuple[str, LaneMark, LaneMark, int]] = field(default_factory=list)
 
     def on_delivered(self, entries: int, added: int, duplicates: int, ages_ms: list[int]) -> None:
         self.delivered += entries
@@ -51,6 +53,9 @@ class Seen:
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         self.verdicts[result] += entries
+
+    def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
+        self.moved_back.append((kind, seen, found, epoch))
 
 
 def ports(backend: Backend) -> DeliveryPorts:
@@ -68,8 +73,10 @@ async def drain(
     seen: Seen | None = None,
     delivery: DeliveryPorts | None = None,
     membership: MembershipStore | None = None,
+    marks: LaneMarks | None = None,
 ) -> dict[str, Lease]:
-    """One relay takes every partition and works each until it is idle."""
+    """One relay takes every partition and works each until it is idle (``marks``:
+    the relay's memory of its lanes, kept across calls when given)."""
     d = delivery or ports(backend)
     targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
     leases = {}
@@ -77,7 +84,7 @@ async def drain(
         lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
         assert lease is not None, f"{partition} is held by another relay"
         work = PartitionWork(
-            lease, d, targets, policy=policy, clock=clock, faults=faults, observer=seen
+            lease, d, targets, policy=policy, clock=clock, faults=faults, observer=seen, marks=marks
         )
         for _ in range(MAX_STEPS):
             result = await work.step()
@@ -149,8 +156,8 @@ class FlakyMailbox(MailboxStore):
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
         return await self.inner.trim(mailbox, through_seq)
 
-    async def new_epoch(self, mailbox: Mailbox) -> LaneState:
-        return await self.inner.new_epoch(mailbox)
+    async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
+        return await self.inner.new_epoch(mailbox, above)
 
 
 def with_mailbox(backend: Backend, mailbox: MailboxStore) -> DeliveryPorts:

@@ -7,6 +7,7 @@ import pytest
 
 from service.domain.delivery import AppendRequest, DeliveryPorts, DeliverySettings, MailboxSettings
 from service.domain.errors import CursorExpired
+from service.domain.lane_marks import LaneMark
 from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxItem
 from service.domain.model import MessageRecord
 from service.domain.ports import Backend, ManualClock
@@ -168,6 +169,36 @@ async def test_a_new_epoch_starts_empty_from_seq_1_and_keeps_the_fences(harness:
     assert (fresh.added, fresh.first_seq) == (1, 1)  # the old epoch's dedupe is gone too
     page = await d.mailbox.sync(box, MailboxCursor(), 100, BIG_PAGE)
     assert page.next_cursor == MailboxCursor("inbox", 2, 1)
+
+
+async def test_an_append_below_its_floor_is_refused_and_writes_nothing(harness: Harness) -> None:
+    """A lane found below the (epoch, head) its writer saw moved backwards (a failover
+    or a restore lost entries): the append says so and writes nothing, so no seq a
+    client may have applied is given out again; the next epoch goes above the floor."""
+    d = ports(await harness.open())
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    (first,) = await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2))], FENCE)
+    assert (first.epoch, first.head, first.moved_back) == (1, 2, False)
+    at_head = AppendRequest(box, items(tenant, 3), floor=LaneMark(1, 2))
+    (ok,) = await d.mailbox.append([at_head], FENCE)
+    assert (ok.added, ok.epoch, ok.head, ok.moved_back) == (1, 1, 3, False)
+    for floor in (LaneMark(1, 4), LaneMark(2, 0)):  # a higher head, a later epoch
+        refused = AppendRequest(box, items(tenant, 4), floor=floor)
+        (moved,) = await d.mailbox.append([refused], FENCE)
+        assert (moved.added, moved.epoch, moved.head, moved.moved_back) == (0, 1, 3, True)
+    assert await sync_all(d, box) == [(1, 1), (2, 2), (3, 3)]
+    stranger = Mailbox.inbox(tenant, "carol")  # never written: epoch 1, head 0
+    (empty,) = await d.mailbox.append(
+        [AppendRequest(stranger, items(tenant, 1), floor=LaneMark(1, 5))], FENCE
+    )
+    assert empty.moved_back and await sync_all(d, stranger) == []
+    assert await d.mailbox.new_epoch(box, above=4) == LaneState(5, 0, 0)
+    assert await d.mailbox.new_epoch(box, above=2) == LaneState(6, 0, 0)
+    (fresh,) = await d.mailbox.append(
+        [AppendRequest(box, items(tenant, 4), floor=LaneMark(6, 0))], FENCE
+    )
+    assert (fresh.first_seq, fresh.epoch, fresh.head, fresh.moved_back) == (1, 6, 1, False)
 
 
 async def test_retention_trims_whole_groups_by_count_and_by_age(harness: Harness) -> None:

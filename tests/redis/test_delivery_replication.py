@@ -1,5 +1,6 @@
 """Mailbox writes and outbox acknowledgements wait for replicas like commits do
-(issue 23, item 3, the WAIT part), on a real Redis primary with a real replica.
+(issue 23, item 3, the WAIT part), and a lane a failover moved back starts a new
+epoch (the detection part), on a real Redis primary with a real replica.
 
 With ``MC_REDIS_WAIT_REPLICAS`` only the commit path waited: a relay appended to a
 mailbox and XACKed the outbox entry on the primary alone, so a failover could take
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.mailbox import Mailbox
+from service.domain.errors import CursorExpired
+from service.domain.lane_marks import LaneMark, LaneMarks
+from service.domain.mailbox import LaneState, Mailbox, MailboxCursor
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import Lease
 from service.domain.relay_worker import PartitionWork
@@ -28,7 +31,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 __all__ = ["replica"]  # the fixture, used by name
 
 
-async def _one_step_everywhere(backend: Backend, clock: ManualClock, seen: Seen) -> list[Lease]:
+async def _one_step_everywhere(
+    backend: Backend, clock: ManualClock, seen: Seen, marks: LaneMarks | None = None
+) -> list[Lease]:
     """One relay step on every partition (claim and deliver, or fail)."""
     d = ports(backend)
     targets = Targets(d, backend.membership, POLICY.fanout_threshold)
@@ -36,7 +41,9 @@ async def _one_step_everywhere(backend: Backend, clock: ManualClock, seen: Seen)
     for partition in d.partitions.partitions():
         lease = await d.partitions.acquire(partition, "relay-a", POLICY.lease_ms)
         assert lease is not None
-        work = PartitionWork(lease, d, targets, policy=POLICY, clock=clock, observer=seen)
+        work = PartitionWork(
+            lease, d, targets, policy=POLICY, clock=clock, observer=seen, marks=marks
+        )
         await work.step()  # the takeover's reconciliation: nothing unsettled yet
         await work.step()  # the claim
         leases.append(work.lease)
@@ -74,5 +81,56 @@ async def test_no_outbox_entry_is_acknowledged_before_its_mailbox_writes_are_rep
     promoted = await open_initialised(replica.url)
     try:
         assert await inbox(promoted, Mailbox.inbox(tenant, "bob")) == [("c1", 1)]
+    finally:
+        await promoted.close()
+
+
+async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq_is_reused(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """Issue 23 item 3, the detection part. The relay wrote bob's seq 2 on the primary
+    and bob applied it, but the replica never got it (the append failed its WAIT, so
+    the entry stayed unacknowledged) and then the primary died. On the promoted
+    replica the lane is back at head 1 in epoch 1. Before, the relay went on in
+    epoch 1 (seq 2 written again, seq 3 after it) and bob's cursor (1, 2) synced on
+    without a word: whatever landed at seq 2 after the failover, bob never sees.
+    Now the relay finds the lane below the (epoch, head) it saw, starts epoch 2
+    first, and bob's cursor answers CURSOR_EXPIRED."""
+    clock = ManualClock()
+    backend = await open_initialised(
+        own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
+    )
+    tenant = unique("t")
+    bob = Mailbox.inbox(tenant, "bob")
+    marks, seen = LaneMarks(), Seen()  # one relay's memory, across the failover
+    try:
+        await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+        await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m0"))
+        await drain(backend, "relay-a", clock, seen=seen, marks=marks)
+        await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m1"))
+        _wait_in_sync(own_redis_server.url, replica.url)  # the commits are on the replica
+        _promote(replica)  # cut off from the primary (a partition), then promoted
+        await _one_step_everywhere(backend, clock, seen, marks)
+        assert seen.retried == 1, "the append of seq 2 was not replicated"
+        page = await ports(backend).mailbox.sync(bob, MailboxCursor("inbox", 1, 1), 10, 1 << 20)
+        assert [(e.seq, e.record.seq) for e in page.entries] == [(2, 2)]  # bob applies it
+        cursor = page.next_cursor
+        assert cursor == MailboxCursor("inbox", 1, 2)
+    finally:
+        await backend.close()
+        own_redis_server.kill()  # the old primary dies with seq 2
+    promoted = await open_initialised(replica.url, test_clock=clock)
+    try:
+        (state,) = await ports(promoted).mailbox.lane_state([bob])
+        assert state == LaneState(1, 1, 0)  # the lane moved back
+        await committer(promoted, clock).commit_send(send(tenant, "c1", cmid="m2"))
+        clock.advance(POLICY.lease_ms + 1)
+        await drain(promoted, "relay-a", clock, seen=seen, marks=marks)
+        with pytest.raises(CursorExpired):  # before: a page from seq 3, seq 2 skipped
+            await ports(promoted).mailbox.sync(bob, cursor, 10, 1 << 20)
+        (state,) = await ports(promoted).mailbox.lane_state([bob])
+        assert state.epoch == 2
+        assert ("inbox", LaneMark(1, 2), LaneMark(1, 1), 2) in seen.moved_back
+        assert await inbox(promoted, bob) == [("c1", 2), ("c1", 3)]  # what bob rebuilds from
     finally:
         await promoted.close()
