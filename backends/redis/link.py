@@ -414,7 +414,10 @@ class RedisLink:
                 await self.client.aclose()
             else:
                 await self.client.aclose(close_connection_pool=True)
-            for sentinel in getattr(self.client, "mc_sentinels", ()):
+        # the Sentinels' own clients, each on its own: one that fails to close must
+        # not leave the others' sockets to the garbage collector
+        for sentinel in getattr(self.client, "mc_sentinels", ()):
+            with contextlib.suppress(rx.RedisError, OSError):
                 await sentinel.aclose(close_connection_pool=True)
 
 
