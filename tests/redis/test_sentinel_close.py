@@ -5,6 +5,7 @@ it happens to run in."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -52,4 +53,22 @@ async def test_a_closed_sentinel_backend_keeps_no_connection_open(
     await conversation(backend, unique("t"))
     assert _counts(redis_sentinel_session) != before
     await backend.close()
+    assert _counts(redis_sentinel_session) == before
+
+
+async def test_closing_while_round_trips_open_connections_keeps_none_open(
+    redis_sentinel_harness: RedisHarness, redis_sentinel_session: SentinelTopology
+) -> None:
+    """The CI failure of issue 21: a backend closed while calls were still opening
+    their connections (each asks a Sentinel for the master first). The close used
+    to miss them: six master connections and their Sentinel connections stayed open
+    until the collector found them, after their event loop had ended."""
+    await redis_sentinel_harness.initialise()
+    before = _counts(redis_sentinel_session)
+    backend = await redis_sentinel_harness.open()
+    link = backend.outbox._link  # type: ignore[attr-defined]
+    calls = [asyncio.create_task(link.call("PING", write=False)) for _ in range(6)]
+    await asyncio.sleep(0)  # a yield, no wait: each call is now opening its connection
+    await backend.close()
+    assert await asyncio.gather(*calls) == [True] * 6  # they were let finish
     assert _counts(redis_sentinel_session) == before
