@@ -26,9 +26,10 @@ Everything the store and the outbox send goes through ``RedisLink``, which
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
@@ -53,6 +54,7 @@ from service.domain.errors import (
 
 Arg = str | bytes | int | float
 CALL = "redis_call"
+CLOSE_DRAIN_S = 5.0  # how long close() lets round trips in flight end before letting go
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
@@ -209,20 +211,36 @@ class RedisLink:
         self.requests = requests
         self.mode = mode
         self.cluster = mode == "cluster"
-        self._execute = cast(Callable[..., Awaitable[Any]], client.execute_command)
+        self._send = cast(Callable[..., Awaitable[Any]], client.execute_command)
         self._closed = False
         self._primaries = (
             PrimaryConnections(client, client.mc_node_options) if self.cluster else None
         )
+        self._in_flight = 0  # round trips under way, for close()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _execute(self, *args: Arg) -> Any:
+        with self._busy():
+            return await self._send(*args)
 
     async def _same_connection(self, key: str, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """``commands`` pipelined on ONE connection (a Cluster: to ``key``'s primary)."""
         if self._primaries is not None:
-            return await self._primaries.pipelined(key, commands)
-        async with self.client.pipeline(transaction=False) as pipe:
-            for command in commands:
-                cast(Callable[..., object], pipe.execute_command)(*command)
-            return list(await pipe.execute())
+            with self._busy():
+                return await self._primaries.pipelined(key, commands)
+        return await self._pipeline(commands)
 
     async def call(self, *args: Arg, write: bool) -> Any:
         """One command, one round trip."""
@@ -241,14 +259,15 @@ class RedisLink:
             if not self.cluster:
                 return [await self._execute(*args)]
             command = " ".join(str(a) for a in args[:2]).upper()
-            if command == "SCRIPT LOAD":
-                replies = await self.client.script_load(args[2])
-            elif command == "SCRIPT EXISTS":
-                return [await self.client.script_exists(*args[2:])]
-            elif args and str(args[0]).upper() == "INFO":
-                replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
-            else:
-                raise StoreInvalid("this command is not sent to every server")
+            with self._busy():
+                if command == "SCRIPT LOAD":
+                    replies = await self.client.script_load(args[2])
+                elif command == "SCRIPT EXISTS":
+                    return [await self.client.script_exists(*args[2:])]
+                elif args and str(args[0]).upper() == "INFO":
+                    replies = await self.client.info(*args[1:], target_nodes=RedisCluster.PRIMARIES)
+                else:
+                    raise StoreInvalid("this command is not sent to every server")
         except rx.RedisError as exc:
             raise translate(exc, write=False) from None
         return list(replies.values()) if isinstance(replies, dict) else [replies]
@@ -257,10 +276,7 @@ class RedisLink:
         """Several commands in one round trip per server (not a transaction)."""
         self.requests[CALL] += 1
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for command in commands:
-                    cast(Callable[..., object], pipe.execute_command)(*command)
-                return list(await pipe.execute())
+            return await self._pipeline(commands)
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
 
@@ -308,10 +324,11 @@ class RedisLink:
         return replies
 
     async def _pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for command in commands:
-                cast(Callable[..., object], pipe.execute_command)(*command)
-            return list(await pipe.execute())
+        with self._busy():
+            async with self.client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    cast(Callable[..., object], pipe.execute_command)(*command)
+                return list(await pipe.execute())
 
     async def script_and_wait(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
@@ -404,9 +421,22 @@ class RedisLink:
             await self.load_scripts(missing)
 
     async def close(self) -> None:
+        """Let go of every connection: the client's, the Sentinels' and a Cluster's
+        primaries'. A round trip in flight may be opening a connection (through
+        Sentinel it asks a Sentinel first) that a release cannot see yet; it is let
+        end (at most CLOSE_DRAIN_S) and everything is released once more, so no
+        connection outlives the link for the garbage collector to find."""
         if self._closed:
             return
         self._closed = True
+        await self._release()
+        if self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_DRAIN_S):
+                    await self._idle.wait()
+            await self._release()
+
+    async def _release(self) -> None:
         if self._primaries is not None:
             await self._primaries.close()
         with contextlib.suppress(rx.RedisError, OSError):  # broken: nothing to release
@@ -414,7 +444,10 @@ class RedisLink:
                 await self.client.aclose()
             else:
                 await self.client.aclose(close_connection_pool=True)
-            for sentinel in getattr(self.client, "mc_sentinels", ()):
+        # each Sentinel's client on its own: one that fails to close must not leave
+        # the others' sockets to the garbage collector
+        for sentinel in getattr(self.client, "mc_sentinels", ()):
+            with contextlib.suppress(rx.RedisError, OSError):
                 await sentinel.aclose(close_connection_pool=True)
 
 

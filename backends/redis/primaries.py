@@ -59,7 +59,8 @@ class PrimaryConnections:
             await self._cluster.nodes_manager.initialize()
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
+        """Close every pool (again on a second call: a pipeline in flight during the
+        first may have opened a connection since); a later use reconnects."""
+        for client in list(self._clients.values()):
             with contextlib.suppress(rx.RedisError, OSError):
                 await client.aclose(close_connection_pool=True)
