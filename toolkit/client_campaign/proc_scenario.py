@@ -210,7 +210,11 @@ class ProcSeed:
         elif action == "restart" and dead:
             device = self.rng.choice(dead)
             arm: tuple[str, ...] = ()
-            if self.rng.random() < 0.5:
+            died = device.deaths()
+            if died and died[-1] in (ClientPoint.ATTEMPT_BEFORE_SEND, ClientPoint.SENT_BEFORE_ACK):
+                arm = (ClientPoint.RESUMED_BEFORE_RESOLVE.value,)  # it resumes a send now
+                self.scheduled.add(f"kill at {arm[0]}")
+            elif self.rng.random() < 0.5:
                 arm = (self.rng.choice(START_POINTS).value,)
                 self.scheduled.add(f"kill at {arm[0]}")
             await device.kill()  # reap one that died at its point
