@@ -243,7 +243,11 @@ class ProcSeed:
         size = size or self.rng.randrange(1, 300)
         attempt = SendAttempt(device.user, device.device, cmid, conversation, size, kind)
         self.ledger.record(attempt, time.time())
+        deaths = len(device.deaths())
         reply = await device.command(op="send", conversation=conversation, cmid=cmid, size=size)
+        died = device.deaths()[deaths:]
+        if reply["ev"] == "dead" and died == [ClientPoint.AFTER_PERSIST.value]:
+            reply = {"ev": "persisted", "died": died[0]}  # it died right after persisting it
         attempt.reply = reply
         if reply["ev"] == "refused":
             self.fired.add(f"refused before persist: {reply['error']}")
