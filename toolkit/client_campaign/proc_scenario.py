@@ -165,7 +165,9 @@ class ProcSeed:
         verdict = check(self.ledger, history, self.devices, statuses)
         verdict.settled_in_s = settled_in
         if settled_in < 0:
-            verdict.problems.append(f"not settled in {self.options.settle_s:.0f} s: {self.waiting}")
+            verdict.problems.insert(
+                0, f"not settled in {self.options.settle_s:.0f} s: {self.waiting}"
+            )
         for d in self.devices:
             for point in d.deaths():
                 self.fired.add(f"kill at {point}")
@@ -423,6 +425,7 @@ async def run_proc_seed(seed: int, options: Options, workdir: Path) -> Verdict:
 
 
 REDIS_ENV = {
+    "MC_RELAY_HTTP_ADDRESS": "127.0.0.1:0",  # never the default port another relay may hold
     "MC_MAX_INLINE_BODY_BYTES": str(SERVER_BODY_MAX),
     "MC_SENDER_RATE_PER_S": "0",
     "MC_READINESS_INTERVAL": "100ms",

@@ -207,6 +207,8 @@ class RedisServerProcs:
         self._serve = self._spawn(serve, "serve.log")
         self._relay = self._spawn(["relay"], "relay.log")
         await _wait_port(self.port, self._serve)
+        if self._relay.poll() is not None:
+            raise RuntimeError("the relay exited as it started; see relay.log")
 
     async def kill(self) -> None:
         for p in (self._serve, self._relay):
