@@ -108,6 +108,17 @@ async def _run(conn: Connection, spec: dict[str, Any]) -> None:
     for point in spec.get("arm", ()):  # a point a starting runtime passes
         faults.arm(ClientPoint(point))
     store = await open_local_store(path, synchronous=spec.get("synchronous", "FULL"), faults=faults)
+    if (report := store.reset_report) is not None:  # said now: a kill may follow at once
+        conn.send_bytes(
+            json.dumps(
+                {
+                    "ev": "reset",
+                    "kept": report.kept_pending,
+                    "lost": report.lost_pending,
+                    "at": "open",
+                }
+            ).encode()
+        )
     runtime = ClientRuntime(
         store, GrpcConnector(spec["target"]), config=RuntimeConfig(**spec["config"]), faults=faults
     )

@@ -246,9 +246,21 @@ def _judge_store(
     status: dict[str, Any],
 ) -> None:
     lives: list[Counter[str]] = [Counter()]
+    damaged = ready = False
     for e in d.events:
         if e["ev"] == "reset":
             lives.append(Counter())
+            damaged = False
+        elif e["ev"] == "corrupted":
+            damaged = True
+        elif e["ev"] == "started":
+            if damaged and not ready:  # it died opening the damaged file: its reset unsaid
+                lives.append(Counter())
+                v.outcomes["store reset unreported (the process died opening it)"] += 1
+                damaged = False
+            ready = False
+        elif e["ev"] == "ready":
+            ready = True
         elif e["ev"] == "added":
             lives[-1].update(e["ids"])
         elif e["ev"] == "confirmed":

@@ -172,8 +172,10 @@ class ProcSeed:
             for point in d.deaths():
                 self.fired.add(f"kill at {point}")
             for e in d.events:
-                if e["ev"] == "reset":
-                    self.fired.add("store reset, pending " + ("LOST" if e["lost"] else "kept"))
+                if e["ev"] == "reset":  # said by the child at open, then by the runtime
+                    said = "at open" if e.get("at") == "open" else "event"
+                    kept = "LOST" if e["lost"] else "kept"
+                    self.fired.add(f"store reset ({said}), pending {kept}")
                 elif e["ev"] == "rebuilt":
                     self.fired.add("rebuild")
             self.fired.add("device processes", d.incarnations)
@@ -224,7 +226,9 @@ class ProcSeed:
         elif action == "corrupt" and dead:
             device = self.rng.choice(dead)
             await device.kill()
-            self.fired.add(corrupt(device.path, self.rng))
+            what = corrupt(device.path, self.rng)
+            self.fired.add(what)
+            device.events.append({"ev": "corrupted", "what": what})
         elif action == "member":
             await self.membership()
         elif action == "server":
