@@ -129,3 +129,21 @@ def test_a_refusal_with_the_wrong_code_is_caught() -> None:
     a = FakeDevice("u0", "a", [{"ev": "failed", "cmid": "k", "error": "NotAMember"}])
     verdict = _run([SendAttempt("u0", "a", "k", "c0", 10, "normal")], [], a, FakeDevice("u0", "b"))
     assert verdict.wrong_refusal == 1, verdict.problems
+
+
+def _added(*ids: str) -> dict[str, Any]:
+    return {"ev": "added", "ids": list(ids)}
+
+
+def test_a_message_reported_twice_in_one_store_life_is_duplicated() -> None:
+    b = FakeDevice("u0", "b", [{"ev": "started"}, {"ev": "ready"}, _added("m-1")])
+    b.events += [{"ev": "started"}, {"ev": "ready"}, _added("m-1")]  # a kill is no new life
+    verdict = _run([], [_record("k", "a", 10)], FakeDevice("u0", "a"), b)
+    assert verdict.duplicated == 1, verdict.problems
+
+
+def test_a_reset_whose_process_died_opening_the_damaged_file_starts_a_new_life() -> None:
+    b = FakeDevice("u0", "b", [{"ev": "started"}, {"ev": "ready"}, _added("m-1")])
+    b.events += [{"ev": "corrupted"}, {"ev": "started"}]  # killed before it said anything
+    b.events += [{"ev": "started"}, {"ev": "ready"}, _added("m-1")]
+    assert _run([], [_record("k", "a", 10)], FakeDevice("u0", "a"), b).ok

@@ -10,6 +10,9 @@ lost                persisted, never refused, not pending, and the server holds
                     user was surely a member, missing from that user's device
 duplicated          (user, cmid) held twice by the server; a message id twice in
                     a device's store, or reported new twice in one store life
+                    (a life ends at a reset; a reset is said by the device at
+                    open, and an incarnation that died opening a file the
+                    campaign damaged ends a life too, its reset unsaid)
 wrongly confirmed   a SendConfirmed whose coordinates (conversation, message
                     id, seq) differ from the server's record of that send
                     identity, or whose record is another device's or another
