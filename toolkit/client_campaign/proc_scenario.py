@@ -401,12 +401,15 @@ def corrupt(path: Path, rng: random.Random) -> str:
 async def run_proc_seed(seed: int, options: Options, workdir: Path) -> Verdict:
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     servers: Servers
+    small = random.Random(seed).random() < 0.3  # cursors of devices that were down expire
     if options.backend == "redis":
-        servers = RedisServerProcs(workdir, REDIS_ENV)
+        servers = RedisServerProcs(
+            workdir, {**REDIS_ENV, **SMALL_MAILBOX_ENV} if small else REDIS_ENV
+        )
     else:
         overrides: dict[str, Any] = {"max_inline_body_bytes": SERVER_BODY_MAX}
-        if random.Random(seed).random() < 0.3:
-            overrides["mailbox_max_entries"] = 6  # cursors of devices that were down expire
+        if small:
+            overrides["mailbox_max_entries"] = 6
         servers = MemoryServerProc(forkserver_context(), **overrides)
     run = ProcSeed(seed, options, workdir, servers)
     began = time.monotonic()
@@ -440,3 +443,4 @@ REDIS_ENV = {
     "MC_RECOVERY_INTERVAL": "200ms",
     "MC_RECOVERY_GRACE": "100ms",
 }
+SMALL_MAILBOX_ENV = {"MC_MAILBOX_MAX_ENTRIES": "6"}
