@@ -140,6 +140,8 @@ class ProcSeed:
         self._next = 0
         self.phase = "start"
         self.waiting = ""
+        self.started_at: dict[Path, int] = {}
+        """Sends asked for when each device last started."""
 
     async def run(self) -> Verdict:
         await self.servers.start()
@@ -218,11 +220,15 @@ class ProcSeed:
             if died and died[-1] in (ClientPoint.ATTEMPT_BEFORE_SEND, ClientPoint.SENT_BEFORE_ACK):
                 arm = (ClientPoint.RESUMED_BEFORE_RESOLVE.value,)  # it resumes a send now
                 self.scheduled.add(f"kill at {arm[0]}")
+            elif len(self.ledger.attempts) - self.started_at.get(device.path, 0) > 6:
+                arm = (ClientPoint.MID_REBUILD.value,)  # a small mailbox has expired its cursor
+                self.scheduled.add(f"kill at {arm[0]}")
             elif self.rng.random() < 0.5:
                 arm = (self.rng.choice(START_POINTS).value,)
                 self.scheduled.add(f"kill at {arm[0]}")
             await device.kill()  # reap one that died at its point
             device.start(self.servers.target, arm)
+            self.started_at[device.path] = len(self.ledger.attempts)
         elif action == "corrupt" and dead:
             device = self.rng.choice(dead)
             await device.kill()
