@@ -147,3 +147,13 @@ def test_a_reset_whose_process_died_opening_the_damaged_file_starts_a_new_life()
     b.events += [{"ev": "corrupted"}, {"ev": "started"}]  # killed before it said anything
     b.events += [{"ev": "started"}, {"ev": "ready"}, _added("m-1")]
     assert _run([], [_record("k", "a", 10)], FakeDevice("u0", "a"), b).ok
+
+
+def test_a_loss_is_reported_only_by_a_reset_after_the_send() -> None:
+    lost_reset = {"ev": "reset", "kept": 0, "lost": True}
+    before = FakeDevice("u0", "a", [lost_reset])
+    late = SendAttempt("u0", "a", "j", "c0", 5, "normal", at=1)  # asked for after the reset
+    assert _run([late], [], before, FakeDevice("u0", "b")).lost == 1
+    early = SendAttempt("u0", "a", "j", "c0", 5, "normal", at=0)
+    verdict = _run([early], [], before, FakeDevice("u0", "b"))
+    assert (verdict.lost, verdict.reported_lost) == (0, 1), verdict.problems

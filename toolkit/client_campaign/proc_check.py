@@ -57,6 +57,9 @@ class SendAttempt:
     size: int
     kind: str
     reply: dict[str, Any] = field(default_factory=dict)
+    at: int = 0
+    """How many events its device had reported when it was asked for: only a reset
+    after that can have lost it."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ def _judge(
     if reply != "persisted":
         v.outcomes["never persisted (the device died during the call)"] += 1
         return
-    if any(e["ev"] == "reset" and e["lost"] for e in d.events):
+    if any(e["ev"] == "reset" and e["lost"] for e in d.events[a.at :]):
         v.reported_lost += 1
         return
     v.bad("lost", f"{a.user}/{a.device} {a.cmid} ({a.kind}) is nowhere")

@@ -240,8 +240,12 @@ class ProcSeed:
         elif action == "server":
             await self.server_kill()
         elif action == "stall" and self.options.stalls:
+            seen = [len(d.events) for d in self.devices]
             await self.servers.stall(self.options.stall_s)
             self.fired.add("server stall")
+            for d, n in zip(self.devices, seen, strict=True):  # only a timeout ends ONLINE here
+                if any(e == {"ev": "state", "state": "disconnected"} for e in d.events[n:]):
+                    self.fired.add("device timed out during a stall (ACK, PONG or RPC)")
 
     def conversation_of(self, user: str) -> str:
         return self.rng.choice(sorted(c for c, m in self.members.items() if user in m))
@@ -254,6 +258,7 @@ class ProcSeed:
             cmid = f"s{self.seed}-{device.user}{device.device}-{self._next}"
         size = size or self.rng.randrange(1, 300)
         attempt = SendAttempt(device.user, device.device, cmid, conversation, size, kind)
+        attempt.at = len(device.events)
         self.ledger.record(attempt, time.time())
         deaths = len(device.deaths())
         reply = await device.command(op="send", conversation=conversation, cmid=cmid, size=size)
