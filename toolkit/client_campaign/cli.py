@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=60.0, help="seconds a seed may take to settle")
     p.add_argument("--seed-timeout", type=float, default=240.0, help="seconds a seed may run")
     p.add_argument(
+        "--processes",
+        action="store_true",
+        help="the process mode: real device and server processes (--processes --help)",
+    )
+    p.add_argument(
         "--require-every-point",
         action="store_true",
         help="fail unless every client fault point fired at least once",
