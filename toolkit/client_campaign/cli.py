@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=60.0, help="seconds a seed may take to settle")
     p.add_argument("--seed-timeout", type=float, default=240.0, help="seconds a seed may run")
     p.add_argument(
+        "--processes",
+        action="store_true",
+        help="the process mode: real device and server processes (--processes --help)",
+    )
+    p.add_argument(
         "--require-every-point",
         action="store_true",
         help="fail unless every client fault point fired at least once",
@@ -49,7 +54,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--processes" in argv:  # the process mode: real device and server processes
+        from toolkit.client_campaign import proc_cli
+
+        return proc_cli.main([a for a in argv if a != "--processes"])
+    args = _parser().parse_args(argv)
     if not (1 <= args.clients <= 20 and 1 <= args.parallel <= 32 and args.seeds >= 1):
         print(f"{PROG}: --clients 1-20, --parallel 1-32, --seeds >= 1", file=sys.stderr)
         return 2
