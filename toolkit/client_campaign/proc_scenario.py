@@ -49,9 +49,10 @@ from typing import Any
 
 from client.faults import ClientPoint
 from service.client import CommitClient, RetryPolicy
-from service.domain.model import Direction, HistoryQuery, MessageRecord
+from service.domain.model import MessageRecord
 from toolkit.client_campaign.device import TENANT
 from toolkit.client_campaign.device_proc import DeviceProc, forkserver_context
+from toolkit.client_campaign.history import whole_history
 from toolkit.client_campaign.proc_check import Ledger, SendAttempt, Verdict, check, missing
 from toolkit.client_campaign.server_procs import MemoryServerProc, RedisServerProcs, Servers
 
@@ -364,16 +365,7 @@ class ProcSeed:
     async def history(self) -> dict[str, list[MessageRecord]]:
         found: dict[str, list[MessageRecord]] = {}
         for conversation in self.members:
-            records: list[MessageRecord] = []
-            anchor = 0
-            for _ in range(10_000):
-                query = HistoryQuery(TENANT, conversation, "u0", Direction.FORWARD, anchor, 200)
-                page = await self.admin.history(query)
-                records += page.records
-                anchor = page.next_anchor
-                if not anchor:
-                    break
-            found[conversation] = records
+            found[conversation] = await whole_history(self.admin, TENANT, conversation, "u0")
         return found
 
     async def teardown(self) -> None:

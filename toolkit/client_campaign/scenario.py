@@ -65,7 +65,8 @@ from client import (
 from client.faults import ClientCrash, ClientPoint
 from service.client import CommitClient, RetryPolicy
 from service.domain.faults import FaultPoint, RelayPoint
-from service.domain.model import Direction, HistoryQuery, MessageContent, MessageRecord, MessageType
+from service.domain.model import MessageContent, MessageRecord, MessageType
+from toolkit.client_campaign.history import whole_history
 from toolkit.client_campaign.host import TENANT, ClientHost
 from toolkit.client_campaign.servers import MemoryServers
 
@@ -289,18 +290,7 @@ class Seed:
         found: dict[str, list[MessageRecord]] = {}
         async with CommitClient.connect(self.servers.target, retry=ADMIN_RETRY) as c:
             for conversation, users in self.members.items():
-                records: list[MessageRecord] = []
-                anchor = 0
-                for _ in range(10_000):
-                    query = HistoryQuery(
-                        TENANT, conversation, users[0], Direction.FORWARD, anchor, 200
-                    )
-                    page = await c.history(query)
-                    records += page.records
-                    anchor = page.next_anchor
-                    if not anchor:
-                        break
-                found[conversation] = records
+                found[conversation] = await whole_history(c, TENANT, conversation, users[0])
         return found
 
     async def check(self) -> None:

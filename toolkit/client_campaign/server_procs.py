@@ -51,6 +51,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def stall_process(pid: int, seconds: float) -> None:
+    """SIGSTOP ``pid`` for ``seconds``, then SIGCONT (also when cancelled meanwhile)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def _fault(name: str) -> FaultPoint | RelayPoint:
     for kind in (FaultPoint, RelayPoint):
         for point in kind:
@@ -136,12 +145,8 @@ class MemoryServerProc:
         await self._command(op="disarm")
 
     async def stall(self, seconds: float) -> None:
-        pid = self._process.pid
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(seconds)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        assert self._process.pid is not None
+        await stall_process(self._process.pid, seconds)
         self.stalls += 1
 
     async def close(self) -> None:
@@ -226,12 +231,7 @@ class RedisServerProcs:
     async def stall(self, seconds: float) -> None:
         if self._serve is None:
             return
-        pid = self._serve.pid
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(seconds)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        await stall_process(self._serve.pid, seconds)
         self.stalls += 1
 
     async def close(self) -> None:
