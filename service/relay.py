@@ -250,7 +250,6 @@ class RelayRunner:
                 except StoreError as exc:
                     self._metrics.errors.labels(type(exc).__name__).inc()
                     log.warning("relay: a partition step failed: %s", type(exc).__name__)
-                    work.reconciling = True
                     await self._pause(self._policy.first_retry_ms / 1000)
                     continue
                 if result.wait_ms:

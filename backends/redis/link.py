@@ -15,7 +15,11 @@ URL                                                             topology
 Everything the store and the outbox send goes through ``RedisLink``, which
 
 * counts each round trip in ``requests["redis_call"]``;
-* runs scripts by EVALSHA and reloads one on NOSCRIPT;
+* runs scripts by EVALSHA and reloads one on NOSCRIPT (nothing ran: sent again);
+* lets the driver send a command again after a failed or timed-out connection,
+  except a script that is not repeatable (``Script.repeatable``: the relay's
+  claim and settle): its reply may have been lost after it ran, so the caller
+  gets an unknown outcome instead of a second run;
 * sends the commands that concern every server (SCRIPT LOAD, SCRIPT EXISTS,
   INFO) to every primary of a Cluster;
 * turns every driver exception into the store's own error family, with a
@@ -30,8 +34,9 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rx
@@ -61,6 +66,46 @@ _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOW
 class WriteRefused(StoreUnavailable):
     """Redis refused a write before running it (out of memory, a read-only
     replica): nothing was written, reads may still work."""
+
+
+T = TypeVar("T")
+_SEND_ONCE: ContextVar[bool] = ContextVar("mc_redis_send_once", default=False)
+
+
+class _Retry(Retry):
+    """The driver's retry of a command whose connection failed or timed out, except
+    inside ``_once``: such a failure may come after Redis ran the command (a reply
+    lost or late), and a script that is not safe to repeat must not run twice; the
+    caller gets the failure (an unknown outcome) instead."""
+
+    def get_retries(self) -> int:  # a Cluster's own retry loop asks this
+        return 0 if _SEND_ONCE.get() else super().get_retries()
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        if not _SEND_ONCE.get():
+            return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
+        try:
+            return await do()
+        except self._supported_errors as error:  # the driver drops the connection here
+            await (fail(error, 1) if with_failure_count else fail(error))
+            raise
+
+
+@contextlib.contextmanager
+def _once(scripts: Sequence[Script]) -> Iterator[None]:
+    """No resend by the driver while a script of ``scripts`` that is not repeatable runs."""
+    token = _SEND_ONCE.set(True) if any(not s.repeatable for s in scripts) else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _SEND_ONCE.reset(token)
 
 
 def translate(exc: BaseException, *, write: bool) -> StoreError:
@@ -156,7 +201,7 @@ def connect(
 ) -> tuple[Any, str]:
     """A client for ``url`` and its mode; StoreUnavailable for a malformed address."""
     address = parse_url(url)
-    retry = Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2)
+    retry = _Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2)
     common: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": connect_timeout_s,
@@ -289,11 +334,13 @@ class RedisLink:
         self.requests[CALL] += 1
         try:
             try:
-                reply = await self._execute(*command)
+                with _once([script]):
+                    reply = await self._execute(*command)
             except rx.NoScriptError:
                 self.requests[CALL] += 2
                 await self.every_primary("SCRIPT", "LOAD", script.source)
-                reply = await self._execute(*command)
+                with _once([script]):
+                    reply = await self._execute(*command)
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
         if isinstance(reply, list) and reply and reply[0] == b"wiped":
@@ -305,17 +352,19 @@ class RedisLink:
     ) -> list[Any]:
         """EVALSHA ``script`` once per (keys, args), pipelined: one round trip per
         server. On NOSCRIPT the script is loaded and the whole pipeline sent again
-        (every script of this backend is safe to repeat). Replies in order; a
+        (NOSCRIPT: none of them ran). Replies in order; a
         ``{"wiped"}`` reply raises StoreWiped."""
         commands = [("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls]
         self.requests[CALL] += 1
         try:
             try:
-                replies = await self._pipeline(commands)
+                with _once([script]):
+                    replies = await self._pipeline(commands)
             except rx.NoScriptError:
                 self.requests[CALL] += 2
                 await self.every_primary("SCRIPT", "LOAD", script.source)
-                replies = await self._pipeline(commands)
+                with _once([script]):
+                    replies = await self._pipeline(commands)
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
         for reply in replies:
@@ -339,10 +388,14 @@ class RedisLink:
         for attempt in range(2):
             self.requests[CALL] += 1
             try:
-                reply, acked = await self._same_connection(
-                    keys[0],
-                    [("EVALSHA", script.sha, len(keys), *keys, *args), ("WAIT", replicas, wait_ms)],
-                )
+                with _once([script]):
+                    reply, acked = await self._same_connection(
+                        keys[0],
+                        [
+                            ("EVALSHA", script.sha, len(keys), *keys, *args),
+                            ("WAIT", replicas, wait_ms),
+                        ],
+                    )
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None
@@ -365,7 +418,7 @@ class RedisLink:
         next (each checks its own precondition). ``wait`` (replicas, ms) adds
         WAIT at the end: the second value is how many replicas acknowledged
         (0 without). On NOSCRIPT the scripts are loaded and the pipeline sent
-        once more (every script of this backend is safe to repeat)."""
+        once more (NOSCRIPT: none of them ran)."""
         commands: list[Sequence[Arg]] = [
             ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
         ]
@@ -375,7 +428,8 @@ class RedisLink:
         for attempt in range(2):
             self.requests[CALL] += 1
             try:
-                replies = await self._same_connection(key, commands)
+                with _once([s for s, _, _ in calls]):
+                    replies = await self._same_connection(key, commands)
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None

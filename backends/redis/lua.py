@@ -136,11 +136,15 @@ class Script:
     name: str
     source: bytes
     sha: str
+    repeatable: bool = True
+    """False: running it twice is not running it once (the relay's claim and
+    settle); the link never lets the driver send it again after a lost reply."""
 
 
-def script(name: str, text: str) -> Script:
+def script(name: str, text: str, *, repeatable: bool = True) -> Script:
     """A script from ``text``, with the ``--@name`` snippets above spliced in."""
     for marker, snippet in _SNIPPETS.items():
         text = text.replace(marker, snippet)
     source = text.encode("utf-8")
-    return Script(name, source, hashlib.sha1(source, usedforsecurity=False).hexdigest())
+    sha = hashlib.sha1(source, usedforsecurity=False).hexdigest()
+    return Script(name, source, sha, repeatable)

@@ -155,6 +155,7 @@ local last = ''
 if #entries > 0 then last = entries[#entries][1] else last = last_delivered(KEYS[3], ARGV[5]) end
 return {'ok', last, entries}
 """.replace("--@token", _TOKEN),
+    repeatable=False,  # run again, XREADGROUP ">" claims the next entries, these unseen
 )
 
 UNSETTLED = script(
@@ -232,6 +233,7 @@ if id_less(ldi, minid) then minid = ldi end
 redis.call('XTRIM', KEYS[3], 'MINID', '~', minid)
 return {'ok'}
 """.replace("--@token", _TOKEN),
+    repeatable=False,  # run again, it finds its entries acknowledged: "illegal"
 )
 
 OLDEST = script(

@@ -38,6 +38,7 @@ from typing import Protocol
 
 from service.domain.delivery import AppendRequest, DeliveryPorts
 from service.domain.errors import (
+    IllegalTransition,
     LeaseLost,
     StoreCorrupt,
     StoreError,
@@ -155,6 +156,21 @@ class PartitionWork:
         self.lease = lease
 
     async def step(self) -> StepResult:
+        try:
+            return await self._step()
+        except (LeaseLost, StoreFenced, IllegalTransition):
+            raise
+        except StoreError:
+            # A claim or settle that failed may have run (its outcome is unknown), and
+            # what this relay held or waited for is unsettled in the partition either
+            # way: the next step reconciles it all, oldest first, from the backend's
+            # own states (a local state left at sending is never moved again).
+            self._tracker = Tracker()
+            self._waiting.clear()
+            self.reconciling = True
+            raise
+
+    async def _step(self) -> StepResult:
         now = self._clock.now_ms()
         if now < self._not_before:
             return StepResult(False, self._not_before - now)

@@ -4,7 +4,7 @@ read mailboxes back, make a mailbox fail on demand, record what the relay saw.""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from service.domain.delivery import (
@@ -13,14 +13,30 @@ from service.domain.delivery import (
     DeliveryPorts,
     HistoryRecords,
     MailboxStore,
+    OutboxPartitions,
 )
-from service.domain.errors import StoreInvalid, StoreUnavailable
+from service.domain.errors import (
+    IllegalTransition,
+    LeaseLost,
+    StoreError,
+    StoreFenced,
+    StoreInvalid,
+    StoreUnavailable,
+)
 from service.domain.faults import FaultPoints
 from service.domain.lane_marks import LaneMark, LaneMarks
 from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxCursor
 from service.domain.model import Admission, MembershipInfo, MembersSlice, MessageRecord
 from service.domain.ports import Backend, ManualClock, MembershipStore
-from service.domain.relay import Fence, Lease, RelayPolicy, Verdict
+from service.domain.relay import (
+    DeadLetter,
+    Fence,
+    Lease,
+    PartitionEntry,
+    RelayPolicy,
+    Settlement,
+    Verdict,
+)
 from service.domain.relay_worker import PartitionWork
 from service.domain.targets import Targets
 
@@ -218,3 +234,67 @@ class LaggingRecords(HistoryRecords):
             self.hide -= 1
             return {}
         return await self.inner.records(tenant, conversation, seqs)
+
+
+class HookedPartitions(OutboxPartitions):
+    """The real outbox partitions; ``before(name)`` runs before each ``claim`` and
+    ``settle`` (it may raise there, as a store that did not answer, or arm a fault)."""
+
+    def __init__(self, inner: OutboxPartitions, before: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.before = before
+        self.has_doorbell = inner.has_doorbell
+
+    def partitions(self) -> tuple[str, ...]:
+        return self.inner.partitions()
+
+    async def acquire(self, partition: str, owner: str, ttl_ms: int) -> Lease | None:
+        return await self.inner.acquire(partition, owner, ttl_ms)
+
+    async def release(self, lease: Lease) -> None:
+        await self.inner.release(lease)
+
+    async def unsettled(self, lease: Lease, limit: int) -> list[PartitionEntry]:
+        return await self.inner.unsettled(lease, limit)
+
+    async def claim(self, lease: Lease, limit: int) -> list[PartitionEntry]:
+        self.before("claim")
+        return await self.inner.claim(lease, limit)
+
+    async def settle(self, lease: Lease, settlement: Settlement) -> None:
+        self.before("settle")
+        await self.inner.settle(lease, settlement)
+
+    async def oldest_pending_ms(self, lease: Lease) -> int | None:
+        return await self.inner.oldest_pending_ms(lease)
+
+    async def dead_letters(
+        self, partition: str, after: str, limit: int
+    ) -> tuple[list[DeadLetter], str]:
+        return await self.inner.dead_letters(partition, after, limit)
+
+    async def requeue(self, partition: str, letters: Sequence[str]) -> int:
+        return await self.inner.requeue(partition, letters)
+
+    async def relays(self, owner: str, ttl_ms: int) -> int:
+        return await self.inner.relays(owner, ttl_ms)
+
+    async def wait(self, partitions: Sequence[str], timeout_ms: int) -> Sequence[str]:
+        return await self.inner.wait(partitions, timeout_ms)
+
+
+async def step_like_the_runner(work: PartitionWork, clock: ManualClock) -> None:
+    """Step ``work`` until it is idle as the runner does: a failed step (StoreError)
+    is followed by the next one; a wait is passed on the clock."""
+    for _ in range(MAX_STEPS):
+        try:
+            result = await work.step()
+        except (LeaseLost, StoreFenced, IllegalTransition):
+            raise
+        except StoreError:
+            continue
+        if result.wait_ms:
+            clock.advance(result.wait_ms)
+        elif not result.worked and not work.reconciling:
+            return
+    raise AssertionError("the partition did not drain")

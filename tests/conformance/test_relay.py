@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from backends.memory.outbox_log import partition_of
-from service.domain.errors import IllegalTransition, LeaseLost
+from service.domain.errors import IllegalTransition, LeaseLost, StoreUnavailable
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, RelayPoint
 from service.domain.mailbox import Mailbox
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
@@ -27,11 +27,13 @@ from tests.conformance.relay_support import (
     POLICY,
     CountingMembership,
     FlakyMailbox,
+    HookedPartitions,
     LaggingRecords,
     Seen,
     drain,
     inbox,
     ports,
+    step_like_the_runner,
     with_mailbox,
 )
 from tests.support import committer, send, unique
@@ -317,6 +319,53 @@ async def test_one_mailboxs_outage_charges_only_the_entries_addressed_to_it(
     await drain(backend, "relay-a", clock)
     assert await inbox(backend, dave) == every[2:]
     assert await inbox(backend, box(tenant, "carol")) == every  # deduped
+
+
+async def test_a_failed_settle_of_entries_waiting_for_a_mailbox_leaves_them_to_reconcile(
+    harness: Harness,
+) -> None:
+    """Entries wait for bob's sick inbox; when it is due they are tried again and the
+    settle does not answer (a StoreError out of the step, as the runner sees it).
+    The next steps reconcile them, in order: never moved twice (IllegalTransition)."""
+    backend, clock, tenant = await _setup(harness)
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    for n in range(2):
+        await c.commit_send(send(tenant, "c1", sender="alice", cmid=f"m{n}"))
+    bob = box(tenant, "bob")
+    flaky = FlakyMailbox(ports(backend).mailbox, down=frozenset({bob}))
+    armed: list[str] = []
+
+    def before(call: str) -> None:
+        if call in armed:
+            armed.remove(call)
+            raise StoreUnavailable("injected: the outbox did not answer")
+
+    parts = HookedPartitions(ports(backend).partitions, before)
+    delivery = replace(with_mailbox(backend, flaky), partitions=parts)
+    targets = Targets(delivery, backend.membership, POLICY.fanout_threshold)
+    waited = []
+    for partition in parts.partitions():
+        lease = await parts.acquire(partition, "relay-a", POLICY.lease_ms)
+        assert lease is not None
+        work = PartitionWork(lease, delivery, targets, policy=POLICY, clock=clock)
+        for _ in range(10):  # reconcile (nothing), claim: bob's entries wait for his inbox
+            result = await work.step()
+            if not result.worked:
+                break
+        if not result.wait_ms:
+            continue
+        waited.append(partition)
+        flaky.down = frozenset()
+        clock.advance(result.wait_ms)
+        armed.append("settle")
+        with pytest.raises(StoreUnavailable):
+            await work.step()  # tried again: written, then the settle failed
+        await step_like_the_runner(work, clock)
+    assert len(waited) == 1
+    every = [("c1", 1), ("c1", 2)]
+    assert await inbox(backend, bob) == every
+    assert await inbox(backend, box(tenant, "alice")) == every
 
 
 @pytest.mark.memory
