@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.servers.cql_cluster",
     "tests.servers.redis_topologies",
     "tests.servers.toxiproxy_server",
+    "tests.timeline",
 ]
 
 
