@@ -31,6 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn, Self
 
+try:
+    from toolkit.ports import free_port as reserved_port
+except ImportError:  # run as a script outside the project's environment
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from toolkit.ports import free_port as reserved_port
+
 CASSANDRA_VERSION = "5.0.9"  # keep in sync with pom.xml
 HOST = "127.0.0.1"
 # Both are logged by 5.0 once CQL is up; the second one only after the port bind succeeded.
@@ -105,10 +111,11 @@ def _java() -> str:
 
 
 def free_port(*avoid: int, host: str = HOST) -> int:
+    """A free port on ``host``, reserved for this process and outside the kernel's
+    ephemeral range (``toolkit/ports.py``: a port from bind-to-0 can be taken by any
+    outgoing connection before the node binds it)."""
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
+        port = reserved_port(host)
         if port not in avoid:
             return port
 

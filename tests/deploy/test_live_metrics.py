@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.deploy.test_dockerfile import healthcheck_command
 from tests.deploy.tools import DEPLOY, PROMETHEUS, load_yaml, run, tool
 from tests.e2e.process import ServeProcess, run_cli
+from toolkit.ports import free_port
 
 pytestmark = pytest.mark.deploy
 
@@ -126,10 +126,7 @@ def _python(command: list[str]) -> list[str]:
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+    return free_port()  # reserved: nothing of ours will listen there
 
 
 def test_image_healthcheck_passes_on_a_ready_server(server: ServeProcess) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from tests.e2e.conftest import health_watch, http_get
 from tests.e2e.process import ServeProcess, run_cli
 from tests.e2e.slow_serve import STARTED
 from tests.support import send
+from toolkit.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -128,9 +128,7 @@ async def _logged(process: ServeProcess, line: str, timeout_s: float = 20.0) -> 
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # reserved: nothing of ours will listen there
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 from cassandra import ConsistencyLevel, ReadTimeout
@@ -26,6 +25,7 @@ from service.domain.model import (
 from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
 from tests.support import committer, conversation, send, unique
+from toolkit.ports import free_port
 
 pytestmark = [pytest.mark.scylla, pytest.mark.own_cql]  # cases with no node; the rest ask for one
 
@@ -33,9 +33,7 @@ SECRETS = ("mc-user-4711", "pw-very-secret-0815")
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # reserved: nothing of ours will listen there
 
 
 def _clean(text: str, *forbidden: str) -> None:

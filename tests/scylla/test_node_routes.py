@@ -23,7 +23,8 @@ from service.domain.ports import Backend
 from tests.scylla.conftest import store_of
 from tests.servers.cql_cluster import ClusterServer
 from tests.support import committer, conversation, send, unique
-from toolkit.nemesis.toxiproxy import Toxiproxy, free_port, latency
+from toolkit.nemesis.toxiproxy import Toxiproxy, latency
+from toolkit.ports import free_port
 
 pytestmark = [pytest.mark.scylla, pytest.mark.cluster]
 LATENCY_MS = 150

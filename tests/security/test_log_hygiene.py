@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from tests.e2e.process import ServeProcess, run_cli
 from tests.security.conftest import Failure, invoke, unique_tenant
 from tests.servers.redis_server import RedisServer, initialise_now, initialise_prefix
 from toolkit.campaign.faulty import CallFault, FaultyOutbox, FaultyStore
+from toolkit.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -440,9 +440,7 @@ def test_serve_on_scylla_with_a_password_logs_no_secret(
 @pytest.mark.own_cql  # no node at all
 @pytest.mark.parametrize("log_format", LOG_FORMATS)
 def test_serve_with_an_unreachable_cql_node_fails_without_leaking(log_format: str) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     run = serve_once(
         [
             "--backend",

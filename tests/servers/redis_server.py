@@ -50,6 +50,7 @@ from backends.redis.link import parse_url
 from service.domain.delivery import DeliverySettings
 from service.domain.ports import Backend, Clock, StoreSettings
 from tests.conformance.harness import Harness, IdentityForm
+from toolkit.ports import free_port
 
 ENV_URL = "MC_TEST_REDIS_URL"
 DEFAULT_PREFIX = "mc"
@@ -60,12 +61,6 @@ MAX_CLEANUP_ROUNDS = 10_000
 
 class RedisServerMissing(RuntimeError):
     """No redis-server executable on PATH."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ping(port: int) -> bool:
@@ -105,7 +100,7 @@ class RedisServer:
         if self.running:
             return
         for _ in range(5):
-            port = self.port or _free_port()
+            port = self.port or free_port()
             if self._launch(port):
                 self.port = port
                 return

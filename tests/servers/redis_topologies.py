@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -33,26 +32,12 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from tests.servers.redis_server import RedisHarness, RedisServerMissing, _free_port, _ping
+from tests.servers.redis_server import RedisHarness, RedisServerMissing, _ping
+from toolkit.ports import free_port
 
 MASTER_NAME = "mc"
 START_TIMEOUT_S = 20.0
 FAILOVER_TIMEOUT_S = 30.0
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
-    for _ in range(200):
-        port = _free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def _executable(name: str) -> str:
@@ -70,7 +55,7 @@ class RedisNode:
     ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.port = _cluster_port() if bus else _free_port()
+        self.port = free_port(offsets=(0, 10_000) if bus else (0,))  # the bus is port + 10000
         self.extra = list(extra)
         self.sentinel_conf = sentinel_conf
         self._process: subprocess.Popen[bytes] | None = None
@@ -114,7 +99,12 @@ class RedisNode:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"redis-server exited; see {log}")
+                tail = (
+                    Path(log).read_text(errors="replace").splitlines()[-5:]
+                    if Path(log).exists()
+                    else []
+                )
+                raise RuntimeError(f"redis-server on port {self.port} exited: " + " | ".join(tail))
             if _ping(self.port):
                 return
             time.sleep(0.05)

@@ -5,7 +5,6 @@ conversations stops instead of sending commits that can only be refused."""
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -16,6 +15,7 @@ from toolkit.nemesis import cli
 from toolkit.nemesis.history import HistoryWriter, fault_counts
 from toolkit.nemesis.replicas import Replica
 from toolkit.nemesis.schedule import Fault
+from toolkit.ports import free_port
 
 
 class _Topology:
@@ -53,9 +53,7 @@ async def test_a_fault_that_could_not_start_is_failed_not_fired(tmp_path: Path) 
 async def test_conversations_that_cannot_be_created_stop_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     monkeypatch.setattr(cli, "CREATE_TRIES", 2)
     nemesis = _nemesis(tmp_path)
     nemesis.replicas = [cast(Replica, SimpleNamespace(target=f"127.0.0.1:{port}"))]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 import time
 import urllib.error
@@ -21,17 +20,11 @@ import urllib.request
 
 from service.config import ServiceConfig
 from toolkit.bench.driver import BenchError
+from toolkit.ports import free_port
 
 READY_S = 60.0
 STOP_S = 15.0
 POLL_S = 0.2
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def relay_environment(config: ServiceConfig, http_port: int) -> dict[str, str]:
@@ -69,7 +62,7 @@ class RelayProcess:
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, **relay_environment(self._config, port)}
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,

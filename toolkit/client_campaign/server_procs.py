@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from service.domain.faults import FaultPoint, RelayPoint
+from toolkit.ports import free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -43,12 +43,6 @@ class Servers(Protocol):
     async def disarm(self) -> None: ...
     async def stall(self, seconds: float) -> None: ...
     async def close(self) -> None: ...
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def stall_process(pid: int, seconds: float) -> None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from toolkit.nemesis.toxiproxy import free_port
+from toolkit.ports import free_port
 
 START_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 15.0

@@ -28,6 +28,7 @@ from typing import Any
 
 from toolkit.nemesis import toxiproxy as tp
 from toolkit.nemesis.schedule import FaultKind
+from toolkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_LAUNCHER = REPO / "deploy" / "cassandra" / "cassandra_cluster.py"
@@ -145,7 +146,7 @@ class ScyllaTopology(Topology):
         await asyncio.to_thread(self.cluster.start)
         for i, host in enumerate(self.cluster.contact_points):
             name = f"cql{i}"
-            port = tp.free_port()
+            port = free_port()
             self.toxi.create_proxy(name, f"127.0.0.1:{port}", f"{host}:{self.cluster.port}")
             self.proxies.append(name)
             self.routes[host] = port
@@ -209,7 +210,7 @@ class RedisTopology(Topology):
             await asyncio.to_thread(self.sentinel.start)
         else:
             await asyncio.to_thread(self.nodes[0].start)
-            self.proxy_port = tp.free_port()
+            self.proxy_port = free_port()
             listen = f"127.0.0.1:{self.proxy_port}"
             self.toxi.create_proxy("redis0", listen, self.nodes[0].address)
             self.proxies.append("redis0")

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from toolkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_BINARY = "TOXIPROXY_SERVER"
@@ -59,12 +60,6 @@ def binary() -> str:
             f"toxiproxy-server is not installed: run scripts/install-tools.sh (or set {ENV_BINARY})"
         )
     return found
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def require_loopback(address: str) -> None:
