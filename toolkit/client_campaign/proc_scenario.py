@@ -19,7 +19,12 @@ conflict    the other device of the same user sends an earlier send id again
 arm         a live device arms a client fault point: it SIGKILLs itself there
 kill        a live device is SIGKILLed at once (a random moment)
 restart     a dead device starts a new process on its file, half of the time
-            with a point armed that a starting runtime passes
+            with a point armed that a starting runtime passes (C-CLIENT-07
+            when its user's small mailbox got more sends than it holds
+            while the device was down)
+outlive     small-mailbox seeds: a live device is killed, the others send
+            until the server answers its cursor with CursorExpired, and it
+            restarts with C-CLIENT-07 (mid-REBUILD) armed
 corrupt     a dead device's file: bytes overwritten in a page in the middle,
             or its ``user_version`` set to 99
 member      ``u1`` is added to or removed from ``c1`` (through the server)
@@ -49,6 +54,8 @@ from typing import Any
 
 from client.faults import ClientPoint
 from service.client import CommitClient, RetryPolicy
+from service.domain.errors import CommitError, CursorExpired
+from service.domain.mailbox import INBOX, MailboxCursor
 from service.domain.model import MessageRecord
 from toolkit.client_campaign.device import TENANT
 from toolkit.client_campaign.device_proc import DeviceProc, forkserver_context
@@ -57,6 +64,10 @@ from toolkit.client_campaign.proc_check import Ledger, SendAttempt, Verdict, che
 from toolkit.client_campaign.server_procs import MemoryServerProc, RedisServerProcs, Servers
 
 SERVER_BODY_MAX = 4096
+SMALL_MAILBOX = 6
+"""Entries a mailbox keeps in the seeds where cursors of devices that were down expire."""
+EXPIRY_WAIT_S = 20.0
+"""How long ``outlive`` waits for the relay to trim a mailbox past a dead device's cursor."""
 CLIENT_BODY_MAX = 64 * 1024
 PROC_RUNTIME: dict[str, Any] = {
     "ack_timeout_s": 1.0,
@@ -82,8 +93,9 @@ ACTIONS = (
     "member",
     "server",
     "stall",
+    "outlive",
 )
-WEIGHTS = (40, 4, 4, 4, 10, 6, 14, 3, 4, 4, 2)
+WEIGHTS = (40, 4, 4, 4, 10, 6, 14, 3, 4, 4, 2, 2)
 MEMORY_FAULTS = ("", "M-COMMIT-06", "M-COMMIT-02", "R-RELAY-03")
 START_POINTS = (
     ClientPoint.RESUMED_BEFORE_RESOLVE,
@@ -122,8 +134,12 @@ class Fired:
 
 
 class ProcSeed:
-    def __init__(self, seed: int, options: Options, workdir: Path, servers: Servers) -> None:
+    def __init__(
+        self, seed: int, options: Options, workdir: Path, servers: Servers, *, small: bool = False
+    ) -> None:
         self.seed = seed
+        self.small = small
+        """The servers keep ``SMALL_MAILBOX`` entries per mailbox."""
         self.rng = random.Random(seed)
         self.options = options
         self.workdir = workdir
@@ -141,8 +157,8 @@ class ProcSeed:
         self._next = 0
         self.phase = "start"
         self.waiting = ""
-        self.started_at: dict[Path, int] = {}
-        """Sends asked for when each device last started."""
+        self.down_since: dict[Path, int] = {}
+        """Sends asked for when each dead device was first seen dead."""
 
     async def run(self) -> Verdict:
         await self.servers.start()
@@ -192,6 +208,9 @@ class ProcSeed:
         return [d for d in self.devices if d.alive]
 
     async def step(self, action: str) -> None:
+        for d in self.devices:
+            if not d.alive:
+                self.down_since.setdefault(d.path, len(self.ledger.attempts))
         live = self.live()
         dead = [d for d in self.devices if not d.alive]
         if action in ("send", "oversize", "conflict") and live:
@@ -221,15 +240,14 @@ class ProcSeed:
             if died and died[-1] in (ClientPoint.ATTEMPT_BEFORE_SEND, ClientPoint.SENT_BEFORE_ACK):
                 arm = (ClientPoint.RESUMED_BEFORE_RESOLVE.value,)  # it resumes a send now
                 self.scheduled.add(f"kill at {arm[0]}")
-            elif len(self.ledger.attempts) - self.started_at.get(device.path, 0) > 6:
-                arm = (ClientPoint.MID_REBUILD.value,)  # a small mailbox has expired its cursor
+            elif self.small and self._sent_while_down(device) > SMALL_MAILBOX:
+                arm = (ClientPoint.MID_REBUILD.value,)  # its cursor has likely expired
                 self.scheduled.add(f"kill at {arm[0]}")
             elif self.rng.random() < 0.5:
                 arm = (self.rng.choice(START_POINTS).value,)
                 self.scheduled.add(f"kill at {arm[0]}")
             await device.kill()  # reap one that died at its point
-            device.start(self.servers.target, arm)
-            self.started_at[device.path] = len(self.ledger.attempts)
+            self.restart(device, arm)
         elif action == "corrupt" and dead:
             device = self.rng.choice(dead)
             await device.kill()
@@ -240,6 +258,8 @@ class ProcSeed:
             await self.membership()
         elif action == "server":
             await self.server_kill()
+        elif action == "outlive" and self.small:
+            await self.outlive()
         elif action == "stall" and self.options.stalls:
             seen = [len(d.events) for d in self.devices]
             await self.servers.stall(self.options.stall_s)
@@ -247,6 +267,53 @@ class ProcSeed:
             for d, n in zip(self.devices, seen, strict=True):  # only a timeout ends ONLINE here
                 if any(e == {"ev": "state", "state": "disconnected"} for e in d.events[n:]):
                     self.fired.add("device timed out during a stall (ACK, PONG or RPC)")
+
+    def restart(self, device: DeviceProc, arm: tuple[str, ...] = ()) -> None:
+        device.start(self.servers.target, arm)
+        self.down_since.pop(device.path, None)
+
+    def _sent_while_down(self, device: DeviceProc) -> int:
+        return len(self.ledger.attempts) - self.down_since.get(device.path, 0)
+
+    async def outlive(self) -> None:
+        """A device down while its user's small mailbox trims past its cursor, then
+        restarted with C-CLIENT-07 armed: its REBUILD dies after a backfill."""
+        live = self.live()
+        if len(live) < 2:
+            return
+        victim = self.rng.choice(live)
+        senders = [d for d in live if d is not victim]
+        await victim.kill()
+        cursor = stored_cursor(victim.path)
+        if cursor is None:  # it never synced: its first Sync starts at the watermark
+            return
+        self.fired.add("outlive: device killed")
+        for _ in range(4 * SMALL_MAILBOX):
+            if await self.expired(victim.user, cursor):
+                break
+            if alive := [d for d in senders if d.alive]:
+                await self.send(self.rng.choice(alive), "c0", "normal")
+        deadline = time.monotonic() + EXPIRY_WAIT_S
+        while not (expired := await self.expired(victim.user, cursor)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        if not expired:
+            self.fired.add("outlive: cursor still valid (sends refused or not delivered)")
+            return
+        self.fired.add("outlive: cursor expired while down")
+        self.scheduled.add(f"kill at {ClientPoint.MID_REBUILD.value}")
+        self.restart(victim, (ClientPoint.MID_REBUILD.value,))
+
+    async def expired(self, user: str, cursor: MailboxCursor) -> bool:
+        """Whether the server answers a Sync from ``cursor`` with CursorExpired."""
+        try:
+            await self.admin.sync(TENANT, user, cursor, limit=1)
+        except CursorExpired:
+            return True
+        except CommitError:
+            return False  # the server is down or busy: not known yet
+        return False
 
     def conversation_of(self, user: str) -> str:
         return self.rng.choice(sorted(c for c, m in self.members.items() if user in m))
@@ -334,7 +401,7 @@ class ProcSeed:
             for d in self.devices:  # dead, or died at a point armed before the disarm
                 if not d.alive:
                     await d.kill()
-                    d.start(self.servers.target)
+                    self.restart(d)
             if await self.settled():
                 return time.monotonic() - began
             await asyncio.sleep(0.1)
@@ -376,6 +443,20 @@ class ProcSeed:
             await self.servers.close()
 
 
+def stored_cursor(path: Path) -> MailboxCursor | None:
+    """A dead device's inbox cursor, read from its file (None: it has none yet)."""
+    if not path.exists():
+        return None
+    db = sqlite3.connect(path)
+    try:
+        row = db.execute("SELECT epoch, seq FROM cursors WHERE lane = ?", (INBOX,)).fetchone()
+    except sqlite3.DatabaseError:
+        return None  # damaged by an earlier corrupt action
+    finally:
+        db.close()
+    return None if row is None else MailboxCursor(INBOX, int(row[0]), int(row[1]))
+
+
 def corrupt(path: Path, rng: random.Random) -> str:
     """Damage a dead device's file: garbage over the start of a b-tree page in the
     middle (after a checkpoint, so the pages are in the file), or the schema
@@ -412,9 +493,9 @@ async def run_proc_seed(seed: int, options: Options, workdir: Path) -> Verdict:
     else:
         overrides: dict[str, Any] = {"max_inline_body_bytes": SERVER_BODY_MAX}
         if small:
-            overrides["mailbox_max_entries"] = 6
+            overrides["mailbox_max_entries"] = SMALL_MAILBOX
         servers = MemoryServerProc(forkserver_context(), **overrides)
-    run = ProcSeed(seed, options, workdir, servers)
+    run = ProcSeed(seed, options, workdir, servers, small=small)
     began = time.monotonic()
     try:
         if isinstance(servers, RedisServerProcs):
@@ -446,4 +527,4 @@ REDIS_ENV = {
     "MC_RECOVERY_INTERVAL": "200ms",
     "MC_RECOVERY_GRACE": "100ms",
 }
-SMALL_MAILBOX_ENV = {"MC_MAILBOX_MAX_ENTRIES": "6"}
+SMALL_MAILBOX_ENV = {"MC_MAILBOX_MAX_ENTRIES": str(SMALL_MAILBOX)}
