@@ -112,6 +112,9 @@ class ClientRuntime:
         self.store = store
         self.config = (config or RuntimeConfig()).validate()
         self.faults = faults or ClientFaults()
+        self._announced_resets: set[int] = set()
+        self._reset_events: list[tuple[LocalStoreReset, int]] = []
+        """Announced reset reports the host has not taken yet (see next_event)."""
         self.connector = connector
         self.rng = rng or random.Random()
         self._limits = limits or CommitLimits()
@@ -157,8 +160,29 @@ class ClientRuntime:
         self._events.put(event)
 
     async def next_event(self) -> ClientEvent:
-        """The next event, in order; RuntimeStopped once stopped and drained."""
-        return await self._events.get()
+        """The next event, in order; RuntimeStopped once stopped and drained. A
+        LocalStoreReset taken here is forgotten by the store; one the host never
+        took (the process died, or the event was dropped) comes again next open."""
+        event = await self._events.get()
+        if isinstance(event, LocalStoreReset):
+            for i, (announced, report_id) in enumerate(self._reset_events):
+                if announced is event:  # by identity: equal resets are distinct reports
+                    del self._reset_events[i]
+                    with contextlib.suppress(LocalStoreFailure):  # closed: it comes again
+                        await self.store.taken_reset(report_id)
+                    break
+        return event
+
+    async def _announce_resets(self) -> None:
+        """LocalStoreReset for each reset report no host took yet, once per runtime."""
+        for report in await self.store.untaken_resets():
+            if report.report_id and report.report_id in self._announced_resets:
+                continue
+            event = LocalStoreReset(report.reason, report.kept_pending, report.lost_pending)
+            if report.report_id:
+                self._announced_resets.add(report.report_id)
+                self._reset_events.append((event, report.report_id))
+            self._emit(event)
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
@@ -176,9 +200,7 @@ class ClientRuntime:
             raise InvalidArgument(str(exc)) from None
         await self.store.bind_account(request)
         self._account = request
-        report = self.store.reset_report
-        if report is not None:
-            self._emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+        await self._announce_resets()
         for expired in await self.store.rebuilding():  # a REBUILD a crash interrupted
             self.expired[expired.lane] = expired
         from client.connection import Supervisor  # the cycle lives beside the commands
@@ -264,11 +286,11 @@ class ClientRuntime:
     async def _repair_store(self, damage: LocalStoreFailure) -> None:
         """The store was found damaged in use: reset it as an open would (pending
         sends kept), bind it again, and report ``LocalStoreReset``."""
-        report = await self.store.repair(str(damage))
+        await self.store.repair(str(damage))
         self.expired.clear()
         self.sync_wanted.clear()
         await self.store.bind_account(self.account)
-        self._emit(LocalStoreReset(report.reason, report.kept_pending, report.lost_pending))
+        await self._announce_resets()
 
     def _hit(self, point: ClientPoint) -> None:
         try:

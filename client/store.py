@@ -74,6 +74,8 @@ class ResetReport:
     kept_pending: int
     lost_pending: bool = False
     """True when the pending table, or a row of it, could not be read."""
+    report_id: int = 0
+    """Its row in the store (0: not stored), until the host takes the event."""
 
 
 class LocalStore(abc.ABC):
@@ -84,6 +86,15 @@ class LocalStore(abc.ABC):
 
     reset_report: ResetReport | None = None
     """Set when opening had to reset the store; the runtime emits LocalStoreReset."""
+
+    @abc.abstractmethod
+    async def untaken_resets(self) -> list[ResetReport]:
+        """Reports of resets whose LocalStoreReset no host has taken yet, oldest
+        first: kept in the store across process deaths until ``taken_reset``."""
+
+    @abc.abstractmethod
+    async def taken_reset(self, report_id: int) -> None:
+        """The host took the LocalStoreReset of report ``report_id``: forget it."""
 
     @abc.abstractmethod
     async def bind_account(self, account: ConnectRequest) -> None:

@@ -13,6 +13,9 @@ version  change
          per conversation); messages by (sender, cmid)
 3        pending by (parked, position): the next send is one indexed read, so
          draining a queue is linear
+4        resets: the reports of resets the host has not taken yet (written into
+         the new file by the reset itself, so a process that dies before its
+         host reads ``LocalStoreReset`` leaves the report for the next one)
 =======  ====================================================================
 
 The ``pending`` table's columns are frozen across versions: a reset (and a
@@ -116,7 +119,15 @@ V2 = (
     )""",
 )
 V3 = ("CREATE INDEX pending_by_state ON pending (parked, position)",)
-MIGRATIONS: tuple[tuple[str, ...], ...] = (V1, V2, V3)
+V4 = (
+    """CREATE TABLE resets (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        reason TEXT NOT NULL,
+        kept_pending INTEGER NOT NULL,
+        lost_pending INTEGER NOT NULL
+    )""",
+)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (V1, V2, V3, V4)
 LATEST = len(MIGRATIONS)
 
 EXPECTED_COLUMNS: dict[str, frozenset[str]] = {
@@ -292,6 +303,9 @@ class Salvage:
     """Pending rows in PENDING_COLUMNS order, ``send`` as the stored bytes."""
     lost: bool
     """True when the pending table, or a row of it, could not be read."""
+    resets: tuple[tuple[str, int, int], ...] = ()
+    """Reports of earlier resets the host had not taken (reason, kept, lost), as
+    far as they can be read: they go into the new file too."""
 
 
 def salvage_pending(path: Path, readable: Callable[[bytes], bool]) -> Salvage:
@@ -314,9 +328,17 @@ def salvage_pending(path: Path, readable: Callable[[bytes], bool]) -> Salvage:
                 return Salvage((), True)
             rows = [(c, i + 1, "", s, 0, 0, 0, 0, "") for i, (c, s) in enumerate(core)]
         kept = tuple(tuple(r) for r in rows if isinstance(r[3], bytes) and readable(r[3]))
-        return Salvage(kept, len(kept) < len(rows))
+        return Salvage(kept, len(kept) < len(rows), _unread_resets(db))
     finally:
         db.close()
+
+
+def _unread_resets(db: sqlite3.Connection) -> tuple[tuple[str, int, int], ...]:
+    try:
+        rows = db.execute("SELECT reason, kept_pending, lost_pending FROM resets ORDER BY id")
+        return tuple((str(r), int(k), int(lo)) for r, k, lo in rows.fetchall())
+    except (sqlite3.Error, ValueError, TypeError):
+        return ()  # a file from before version 4, or that table is damaged too
 
 
 def sidecars(path: Path, suffix: str = "") -> list[Path]:
@@ -332,8 +354,13 @@ def finish_interrupted_reset(path: Path) -> None:
         _swap_in(path, new)
 
 
-def rebuild_file(path: Path, rows: Sequence[Sequence[object]]) -> None:
-    """Replace ``path`` with a fresh database holding only ``rows`` as pending."""
+def rebuild_file(
+    path: Path,
+    rows: Sequence[Sequence[object]],
+    resets: Sequence[tuple[str, int, int]] = (),
+) -> None:
+    """Replace ``path`` with a fresh database holding only ``rows`` as pending and
+    ``resets`` (reason, kept, lost) as reports the host has not taken yet."""
     new = path.with_name(path.name + ".new")
     for stale in sidecars(path, ".new"):
         stale.unlink(missing_ok=True)
@@ -347,6 +374,9 @@ def rebuild_file(path: Path, rows: Sequence[Sequence[object]]) -> None:
             f"INSERT OR IGNORE INTO pending ({', '.join(PENDING_COLUMNS)}) "
             f"VALUES ({', '.join('?' * len(PENDING_COLUMNS))})",
             [tuple(r) for r in rows],
+        )
+        db.executemany(
+            "INSERT INTO resets (reason, kept_pending, lost_pending) VALUES (?, ?, ?)", resets
         )
         db.execute("COMMIT")
     finally:

@@ -149,8 +149,10 @@ def _reset(path: Path, reason: str) -> ResetReport:
     """Rebuild the file at ``path`` keeping the pending sends that can be read
     (``schema`` says how a crash in the middle is safe)."""
     salvage = schema.salvage_pending(path, _decodes)
-    schema.rebuild_file(path, salvage.rows)
-    return ResetReport(reason, len(salvage.rows), salvage.lost)
+    report = ResetReport(reason, len(salvage.rows), salvage.lost)
+    ours = (report.reason, report.kept_pending, int(report.lost_pending))
+    schema.rebuild_file(path, salvage.rows, [*salvage.resets, ours])
+    return report
 
 
 def _open_checked(path: Path, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
@@ -256,6 +258,18 @@ class SqliteLocalStore(LocalStore):
         report = await asyncio.get_running_loop().run_in_executor(self._pool, reset)
         self.reset_report = report
         return report
+
+    async def untaken_resets(self) -> list[ResetReport]:
+        def read(db: sqlite3.Connection) -> list[ResetReport]:
+            rows = db.execute(
+                "SELECT id, reason, kept_pending, lost_pending FROM resets ORDER BY id"
+            ).fetchall()
+            return [ResetReport(r[1], int(r[2]), bool(r[3]), report_id=int(r[0])) for r in rows]
+
+        return await self._run(read)
+
+    async def taken_reset(self, report_id: int) -> None:
+        await self._run(lambda db: db.execute("DELETE FROM resets WHERE id = ?", (report_id,)))
 
     async def close(self) -> None:
         def shut(db: sqlite3.Connection) -> None:

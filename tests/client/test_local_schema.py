@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from client import ConnectRequest, open_local_store
+from client import ClientRuntime, ConnectRequest, GrpcConnector, LocalStoreReset, open_local_store
 from client.codec import send_to_bytes
 from client.sqlite import schema
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
+from toolkit.ports import free_port
 
 SEND = AuthenticatedSend(
     "acme", "alice", "phone", "general", "p-1", MessageContent(MessageType.TEXT, b"keep me")
@@ -33,7 +35,7 @@ def version_one(path: Path) -> None:
 
 
 async def test_a_new_file_is_at_the_latest_version() -> None:
-    assert schema.LATEST == len(schema.MIGRATIONS) == 3
+    assert schema.LATEST == len(schema.MIGRATIONS) == 4
 
 
 async def test_a_version_one_file_is_migrated_keeping_everything(tmp_path: Path) -> None:
@@ -127,3 +129,47 @@ async def test_a_reset_interrupted_after_moving_the_old_file_is_finished(tmp_pat
     assert store.reset_report is None
     assert [p.send for p in await store.pending()] == [SEND]
     await store.close()
+
+
+async def test_a_reset_report_outlives_a_process_that_died_before_its_host_took_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "dies.db"
+    version_one(path)
+    _set(path, "PRAGMA user_version = 7")
+    first = await open_local_store(path)  # reset: the report is written into the new file
+    assert first.reset_report is not None
+    await first.close()  # the process dies before any host reads LocalStoreReset
+    _set(path, "PRAGMA user_version = 8")  # and the next open resets again
+    second = await open_local_store(path)
+    await second.close()  # unread again
+
+    third = await open_local_store(path)
+    assert third.reset_report is None  # a good file now: nothing reset this time
+    runtime = ClientRuntime(third, GrpcConnector(f"127.0.0.1:{free_port()}"))
+    await runtime.connect(ConnectRequest("acme", "alice", "phone"))
+    said = [await asyncio.wait_for(runtime.next_event(), 10) for _ in range(2)]
+    assert all(isinstance(e, LocalStoreReset) for e in said), said
+    assert [e.kept_pending for e in said if isinstance(e, LocalStoreReset)] == [1, 1]
+    assert "newer than this runtime" in str(said[0])
+    await runtime.close()
+
+    fourth = await open_local_store(path)  # taken by the host: not said again
+    assert await fourth.untaken_resets() == []
+    [pending] = await fourth.pending()
+    assert pending.send == SEND
+    await fourth.close()
+
+
+async def test_a_reset_report_announced_but_not_taken_comes_again(tmp_path: Path) -> None:
+    path = tmp_path / "untaken.db"
+    version_one(path)
+    _set(path, "PRAGMA user_version = 7")
+    store = await open_local_store(path)
+    runtime = ClientRuntime(store, GrpcConnector(f"127.0.0.1:{free_port()}"))
+    await runtime.connect(ConnectRequest("acme", "alice", "phone"))
+    await runtime.close()  # the event was queued, never read
+    again = await open_local_store(path)
+    [report] = await again.untaken_resets()
+    assert "newer than this runtime" in report.reason and report.kept_pending == 1
+    await again.close()

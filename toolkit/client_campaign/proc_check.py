@@ -252,18 +252,20 @@ def _judge_store(
     status: dict[str, Any],
 ) -> None:
     lives: list[Counter[str]] = [Counter()]
-    damaged = ready = False
+    damaged = ready = unsaid = False
     for e in d.events:
         if e["ev"] == "reset":
+            if unsaid and e.get("at") != "open":  # kept in the new file, said by this one
+                v.outcomes["store reset said by the next process (the first died opening)"] += 1
             lives.append(Counter())
-            damaged = False
+            damaged = unsaid = False
         elif e["ev"] == "corrupted":
             damaged = True
         elif e["ev"] == "started":
-            if damaged and not ready:  # it died opening the damaged file: its reset unsaid
+            if damaged and not ready:  # it died opening the damaged file, before saying so
                 lives.append(Counter())
-                v.outcomes["store reset unreported (the process died opening it)"] += 1
-                damaged = False
+                v.outcomes["store reset by a process that died opening it"] += 1
+                damaged, unsaid = False, True
             ready = False
         elif e["ev"] == "ready":
             ready = True
