@@ -3,6 +3,7 @@ the wall-clock start and end of its setup, call and teardown, and its node id. T
 suite's wall time is the slowest worker's; ``python -m tests.timeline FILE`` prints
 where each worker spent it (busy, idle, by group) and the longest tests."""
 
+import argparse
 import json
 import os
 import sys
@@ -77,5 +78,23 @@ def summarise(rows: list[Row], top: int = 25) -> None:
         print(f"  {r.secs:6.1f} s  {r.worker}  +{r.start - t0:4.0f}  {r.nodeid}")
 
 
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.timeline",
+        description="Where a test run's wall time went (the file MC_TEST_TIMELINE named).",
+    )
+    parser.add_argument("file", help="the timeline a run wrote (JSON lines)")
+    parser.add_argument("top", nargs="?", type=int, default=25, help="longest tests to list [25]")
+    args = parser.parse_args(argv)
+    try:
+        rows = load(args.file)
+    except OSError as exc:
+        parser.error(f"cannot read {args.file}: {exc.strerror}")
+    if not rows:
+        parser.error(f"{args.file} holds no tests")
+    summarise(rows, args.top)
+    return 0
+
+
 if __name__ == "__main__":
-    summarise(load(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 25)
+    sys.exit(main(sys.argv[1:]))
