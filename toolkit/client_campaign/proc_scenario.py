@@ -67,7 +67,9 @@ SERVER_BODY_MAX = 4096
 SMALL_MAILBOX = 6
 """Entries a mailbox keeps in the seeds where cursors of devices that were down expire."""
 EXPIRY_WAIT_S = 20.0
-"""How long ``outlive`` waits for the relay to trim a mailbox past a dead device's cursor."""
+"""How long ``outlive`` waits for the relay to trim a mailbox past a dead device's
+cursor, and then for the restarted device to die at C-CLIENT-07."""
+POLL_S = 0.05
 CLIENT_BODY_MAX = 64 * 1024
 PROC_RUNTIME: dict[str, Any] = {
     "ack_timeout_s": 1.0,
@@ -121,6 +123,10 @@ class Options:
     """> 0: this seed also has one server outage this long, with sends pending."""
     seed_timeout_s: float = 150.0
     """A seed still running after this (plus ``outage_s``) is stopped and counted broken."""
+    script: tuple[str, ...] = ()
+    """When given, these actions in this order instead of ``steps`` drawn ones."""
+    small: bool | None = None
+    """Small mailboxes or not; None: drawn from the seed (3 seeds in 10)."""
 
 
 @dataclass
@@ -169,8 +175,9 @@ class ProcSeed:
             for d in self.devices:
                 d.start(self.servers.target)
             outage_at = self.rng.randrange(self.options.steps) if self.options.outage_s else -1
-            for n in range(self.options.steps):
-                action = self.rng.choices(ACTIONS, WEIGHTS)[0]
+            script = self.options.script
+            for n in range(len(script) or self.options.steps):
+                action = script[n] if script else self.rng.choices(ACTIONS, WEIGHTS)[0]
                 self.phase = f"step {n}: {action}"
                 await self.step(action)
                 if n == outage_at:
@@ -281,12 +288,12 @@ class ProcSeed:
         live = self.live()
         if len(live) < 2:
             return
-        victim = self.rng.choice(live)
+        synced = [d for d in live if stored_cursor(d.path) is not None]
+        victim = self.rng.choice(synced or live)
         senders = [d for d in live if d is not victim]
         await victim.kill()
-        cursor = stored_cursor(victim.path)
-        if cursor is None:  # it never synced: its first Sync starts at the watermark
-            return
+        # what its next Sync will send: the stored cursor, or the lane's start
+        cursor = stored_cursor(victim.path) or MailboxCursor(INBOX)
         self.fired.add("outlive: device killed")
         for _ in range(4 * SMALL_MAILBOX):
             if await self.expired(victim.user, cursor):
@@ -297,13 +304,19 @@ class ProcSeed:
         while not (expired := await self.expired(victim.user, cursor)):
             if time.monotonic() > deadline:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(POLL_S)
         if not expired:
             self.fired.add("outlive: cursor still valid (sends refused or not delivered)")
             return
         self.fired.add("outlive: cursor expired while down")
         self.scheduled.add(f"kill at {ClientPoint.MID_REBUILD.value}")
         self.restart(victim, (ClientPoint.MID_REBUILD.value,))
+        for _ in range(int(EXPIRY_WAIT_S / POLL_S)):  # it syncs, rebuilds and dies there
+            if not victim.alive:
+                break
+            await asyncio.sleep(POLL_S)
+        if victim.alive:
+            self.fired.add("outlive: restarted, still alive (C-CLIENT-07 not reached)")
 
     async def expired(self, user: str, cursor: MailboxCursor) -> bool:
         """Whether the server answers a Sync from ``cursor`` with CursorExpired."""
@@ -486,6 +499,8 @@ async def run_proc_seed(seed: int, options: Options, workdir: Path) -> Verdict:
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     servers: Servers
     small = random.Random(seed).random() < 0.3  # cursors of devices that were down expire
+    if options.small is not None:
+        small = options.small
     if options.backend == "redis":
         servers = RedisServerProcs(
             workdir, {**REDIS_ENV, **SMALL_MAILBOX_ENV} if small else REDIS_ENV
