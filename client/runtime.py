@@ -112,7 +112,6 @@ class ClientRuntime:
         self.store = store
         self.config = (config or RuntimeConfig()).validate()
         self.faults = faults or ClientFaults()
-        self._announced_resets: set[int] = set()
         self._reset_events: list[tuple[LocalStoreReset, int]] = []
         """Announced reset reports the host has not taken yet (see next_event)."""
         self.connector = connector
@@ -176,11 +175,10 @@ class ClientRuntime:
     async def _announce_resets(self) -> None:
         """LocalStoreReset for each reset report no host took yet, once per runtime."""
         for report in await self.store.untaken_resets():
-            if report.report_id and report.report_id in self._announced_resets:
-                continue
+            if report.report_id in {rid for _, rid in self._reset_events}:
+                continue  # announced, not taken yet
             event = LocalStoreReset(report.reason, report.kept_pending, report.lost_pending)
             if report.report_id:
-                self._announced_resets.add(report.report_id)
                 self._reset_events.append((event, report.report_id))
             self._emit(event)
 

@@ -48,6 +48,7 @@ import contextlib
 import random
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,22 +301,13 @@ class ProcSeed:
                 break
             if alive := [d for d in senders if d.alive]:
                 await self.send(self.rng.choice(alive), "c0", "normal")
-        deadline = time.monotonic() + EXPIRY_WAIT_S
-        while not (expired := await self.expired(victim.user, cursor)):
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(POLL_S)
-        if not expired:
+        if not await _within(lambda: self.expired(victim.user, cursor), EXPIRY_WAIT_S):
             self.fired.add("outlive: cursor still valid (sends refused or not delivered)")
             return
         self.fired.add("outlive: cursor expired while down")
         self.scheduled.add(f"kill at {ClientPoint.MID_REBUILD.value}")
         self.restart(victim, (ClientPoint.MID_REBUILD.value,))
-        for _ in range(int(EXPIRY_WAIT_S / POLL_S)):  # it syncs, rebuilds and dies there
-            if not victim.alive:
-                break
-            await asyncio.sleep(POLL_S)
-        if victim.alive:
+        if not await _within(_dead(victim), EXPIRY_WAIT_S):  # it syncs, rebuilds, dies there
             self.fired.add("outlive: restarted, still alive (C-CLIENT-07 not reached)")
 
     async def expired(self, user: str, cursor: MailboxCursor) -> bool:
@@ -454,6 +446,22 @@ class ProcSeed:
                 await d.kill()
         with contextlib.suppress(Exception):
             await self.servers.close()
+
+
+async def _within(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    """Whether ``check`` came true within ``timeout_s`` (asked every ``POLL_S``)."""
+    for _ in range(int(timeout_s / POLL_S)):
+        if await check():
+            return True
+        await asyncio.sleep(POLL_S)
+    return await check()
+
+
+def _dead(device: DeviceProc) -> Callable[[], Awaitable[bool]]:
+    async def dead() -> bool:
+        return not device.alive
+
+    return dead
 
 
 def stored_cursor(path: Path) -> MailboxCursor | None:
