@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.bench.slope import measure
+from toolkit.bench.slope import measure, shape
 
 
 def test_a_steady_rate_has_a_slope_of_one() -> None:
@@ -52,3 +52,18 @@ def test_cpu_per_commit_of_each_tenth_comes_from_the_samples() -> None:
     assert slope.cpu_ratio == pytest.approx(0.5)
     unsampled = measure(times, "inside serve")
     assert unsampled is not None and unsampled.cpu_ratio is None
+
+
+def test_every_tenth_has_its_rate_cpu_and_gc_so_a_run_shows_its_shape() -> None:
+    # 1,000 commits at 100/s; 1 ms of CPU per commit, of which 0.25 ms GC in the
+    # sixth tenth only (a full collection there)
+    times = [n / 100 for n in range(1000)]
+    cpu = [(t / 100, t / 1000) for t in range(0, 1001)]
+    gc = [(t / 100, 0.0 if t < 500 else min(t - 500, 100) / 4000) for t in range(0, 1001)]
+    slope = measure(times, "inside serve", cpu=cpu, gc=gc)
+    assert slope is not None
+    assert len(slope.tenths) == 10
+    assert all(t.per_s == pytest.approx(100) for t in slope.tenths)
+    assert all(t.cpu_us == pytest.approx(1000) for t in slope.tenths)
+    assert [round(t.gc_us or 0) for t in slope.tenths] == [0, 0, 0, 0, 0, 250, 0, 0, 0, 0]
+    assert "of which GC us/commit 0 0 0 0 0 250 0 0 0 0" in shape(slope)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolkit.bench.driver import PhaseResult
 from toolkit.bench.slope import Slope
+from toolkit.bench.slope import shape as slope_shape
 from toolkit.bench.slope import text as slope_text
 
 if TYPE_CHECKING:
@@ -315,6 +316,7 @@ def backend_text(report: BackendReport) -> list[str]:
         )
     if report.slope is not None:
         lines.append(slope_text(report.slope))
+        lines.append(slope_shape(report.slope))
     for label, sizes in (report.footprint or {}).items():
         lines.append(
             f"stored bytes, {label} ({sizes.get('members')} members): unfinished intent "

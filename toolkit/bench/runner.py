@@ -18,7 +18,7 @@ from typing import TextIO
 from service.domain.limits import CommitLimits
 from service.tasks import wait_event
 from toolkit.bench import slope
-from toolkit.bench.driver import BenchError, ClientPool, create_population
+from toolkit.bench.driver import BenchError, ClientPool, create_population, gc_seconds
 from toolkit.bench.environment import Target
 from toolkit.bench.floors import StorageDriver, ensure_population, lwt_floor_op, run_ops
 from toolkit.bench.relayproc import RelayProcess
@@ -173,11 +173,14 @@ class BackendBench:
         kind = Kind(self.args.sustained_workload)
         relay = RelayProcess(target.relay_config) if target.relay_config is not None else None
         samples: list[tuple[float, float]] = []
+        gc_samples: list[tuple[float, float]] = []
 
         async def sample(stop: asyncio.Event) -> None:
             while not stop.is_set():  # ends with the phase
+                now = time.time()
                 cpu = time.process_time() + (relay.cpu_s() if relay is not None else 0.0)
-                samples.append((time.time(), cpu))
+                samples.append((now, cpu))
+                gc_samples.append((now, gc_seconds()))
                 await wait_event(stop, CPU_SAMPLE_S)
 
         if relay is not None:
@@ -194,7 +197,7 @@ class BackendBench:
                 await relay.stop()
         result = got.result
         self.report.slope = slope.measure(
-            result.completions, target.relay, result.first_ended, samples
+            result.completions, target.relay, result.first_ended, samples, gc_samples
         )
         return got
 

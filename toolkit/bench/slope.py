@@ -14,7 +14,11 @@ On a shared machine the rates move with other processes' load; CPU per
 commit hardly does. So the server's CPU (with the relay's: inside serve, or
 the relay process's) is sampled over the phase, and each tenth also gets its
 CPU per commit; ``cpu_ratio`` is first / last of those, the slope as CPU
-sees it (1.0: the last commits cost what the first did).
+sees it (1.0: the last commits cost what the first did). The time the
+server spent in Python's cyclic garbage collector is sampled the same way
+(in-process servers only), and every tenth's rate, CPU and GC per commit is
+kept, so a run shows the shape of its slope and how much of it the
+collector's full collections are.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ SHARE = 0.1
 """The part of the commits at each end whose rates are compared."""
 MIN_COMMITS = 20
 """Below this, a tenth is too few completions for a rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenth:
+    """One tenth of the sustained commits."""
+
+    per_s: float
+    cpu_us: float | None = None
+    """Server (+ relay) CPU per commit (None: not sampled)."""
+    gc_us: float | None = None
+    """Of which the server's cyclic garbage collector (None: not sampled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +60,12 @@ class Slope:
     last_cpu_us: float | None = None
     cpu_ratio: float | None = None
     """first_cpu_us / last_cpu_us: the slope from CPU per commit."""
+    tenths: tuple[Tenth, ...] = ()
+    """Every tenth of the commits in order, the first and last included."""
 
 
 CpuSamples = Sequence[tuple[float, float]]
-"""(``time.time()``, CPU seconds of the server and its relay so far), in time order."""
+"""(``time.time()``, CPU or GC seconds of the server (and its relay) so far), in time order."""
 
 
 def _cpu_at(samples: CpuSamples, when: float) -> float | None:
@@ -63,7 +80,7 @@ def _cpu_at(samples: CpuSamples, when: float) -> float | None:
     return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
 
 
-def _cpu_us(samples: CpuSamples, times: Sequence[float]) -> float | None:
+def _per_commit_us(samples: CpuSamples, times: Sequence[float]) -> float | None:
     start, end = _cpu_at(samples, times[0]), _cpu_at(samples, times[-1])
     if start is None or end is None:
         return None
@@ -76,21 +93,31 @@ def _rate(times: Sequence[float]) -> float:
 
 
 def measure(
-    completions: Sequence[float], relay: str, until: float = 0.0, cpu: CpuSamples = ()
+    completions: Sequence[float],
+    relay: str,
+    until: float = 0.0,
+    cpu: CpuSamples = (),
+    gc: CpuSamples = (),
 ) -> Slope | None:
     """The slope of a phase from its calls' completion times, those after ``until``
-    (when the first client process stopped; 0: all) left out (None: too few)."""
+    (when the first client process stopped; 0: all) left out (None: too few).
+    ``cpu`` and ``gc`` are samples of the CPU and GC seconds spent so far."""
     ordered = sorted(t for t in completions if not until or t <= until)
     count = len(ordered)
     tenth = int(count * SHARE)
     if count < MIN_COMMITS or tenth < 2:
         return None
-    head, tail = ordered[:tenth], ordered[-tenth:]
-    first, last = _rate(head), _rate(tail)
-    first_cpu, last_cpu = _cpu_us(cpu, head), _cpu_us(cpu, tail)
+    parts = [ordered[:tenth]]
+    parts += [ordered[k * count // 10 : (k + 1) * count // 10] for k in range(1, 9)]
+    parts.append(ordered[-tenth:])
+    tenths = tuple(Tenth(_rate(p), _per_commit_us(cpu, p), _per_commit_us(gc, p)) for p in parts)
+    head, tail = tenths[0], tenths[-1]
+    first_cpu, last_cpu = head.cpu_us, tail.cpu_us
     cpu_ratio = first_cpu / last_cpu if first_cpu and last_cpu else None
-    ratio = last / first if first > 0 else 0.0
-    return Slope(count, first, last, ratio, relay, first_cpu, last_cpu, cpu_ratio)
+    ratio = tail.per_s / head.per_s if head.per_s > 0 else 0.0
+    return Slope(
+        count, head.per_s, tail.per_s, ratio, relay, first_cpu, last_cpu, cpu_ratio, tenths
+    )
 
 
 def text(slope: Slope) -> str:
@@ -102,6 +129,23 @@ def text(slope: Slope) -> str:
         f" {_us(slope.first_cpu_us)} -> {_us(slope.last_cpu_us)},"
         f" first/last {'n/a' if slope.cpu_ratio is None else f'{slope.cpu_ratio:.2f}'}"
     )
+
+
+def shape(slope: Slope) -> str:
+    """Every tenth's rate, CPU and GC per commit, one line each."""
+    rates = " ".join(f"{t.per_s:.0f}" for t in slope.tenths)
+    lines = [f"sustained by tenth: commits/s {rates}"]
+    if all(t.cpu_us is not None for t in slope.tenths):
+        lines.append(
+            "sustained by tenth: server CPU us/commit "
+            + " ".join(_us(t.cpu_us).removesuffix(" us") for t in slope.tenths)
+        )
+    if all(t.gc_us is not None for t in slope.tenths):
+        lines.append(
+            "sustained by tenth: of which GC us/commit "
+            + " ".join(_us(t.gc_us).removesuffix(" us") for t in slope.tenths)
+        )
+    return "\n".join(lines)
 
 
 def _us(value: float | None) -> str:
