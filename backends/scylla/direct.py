@@ -190,7 +190,11 @@ class DirectSender:
     """One session's direct path; ``send`` runs on the loop thread only."""
 
     def __init__(
-        self, session: Session, loop: asyncio.AbstractEventLoop, driver_send: DriverSend
+        self,
+        session: Session,
+        loop: asyncio.AbstractEventLoop,
+        driver_send: DriverSend,
+        events: Counter[str] | None = None,
     ) -> None:
         profile = session.cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT]
         self._session = session
@@ -212,6 +216,9 @@ class DirectSender:
         """Requests this path sent."""
         self.passed: Counter[str] = Counter()
         """Requests handed to ``execute_async`` instead, by reason."""
+        self.events: Counter[str] = Counter() if events is None else events
+        """The backend's events (``Backend.events``): ``direct_timeout`` counts the
+        requests this path sent that got no answer within their timeout."""
 
     def send(self, call: Call, timeout_s: float) -> asyncio.Future[Rows] | None:
         """The call's response as a future, or None: use ``driver_send`` instead."""
@@ -478,5 +485,6 @@ class _Request:
                     connection.orphaned_threshold_reached = True
             if not self._pool.is_shutdown:
                 self._pool.return_connection(connection, stream_was_orphaned=True)
+        self._sender.events["direct_timeout"] += 1
         errors = {str(self._host.endpoint): "Client request timeout"}
         self._fail(OperationTimedOut(errors, self._host))

@@ -199,13 +199,15 @@ class CqlSession:
         self.interceptor: Interceptor | None = None
         self.send_path = send_path
         self.events: Counter[str] = Counter() if events is None else events
-        """What the session noticed, by kind (``direct_path_refused``); the backend's
-        ``Backend.events``."""
+        """What the session noticed, by kind (``direct_path_refused``,
+        ``direct_timeout``); the backend's ``Backend.events``."""
         self.off_loop = OffLoop()
         """Driver requests started off the loop because a borrow could wait (``borrow.py``)."""
         self.direct: DirectSender | None = None
         if send_path != "driver":
-            self.direct = DirectSender(session, asyncio.get_running_loop(), self._driver_send)
+            self.direct = DirectSender(
+                session, asyncio.get_running_loop(), self._driver_send, self.events
+            )
 
     # --- connecting and closing ----------------------------------------------
 

@@ -401,7 +401,8 @@ class Backend:
     the backend increments it, the metrics layer exports it."""
     events: Counter[str] = field(default_factory=Counter)
     """What the backend noticed about itself, by kind (Scylla: "direct_path_refused",
-    the direct send path turned off); exported like ``requests``."""
+    the direct send path turned off; "direct_timeout", a request it sent got no
+    answer in time); exported like ``requests``."""
     delivery: DeliveryPorts | None = None
     """Mailboxes, outbox partitions, the conversation index and history records
     (``service.domain.delivery``); None only for wrappers built by tests."""

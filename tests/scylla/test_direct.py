@@ -136,6 +136,7 @@ async def test_a_timed_out_request_orphans_its_stream_until_the_answer_comes(
     assert sent is not None
     with pytest.raises(OperationTimedOut):
         await sent
+    assert cql.events["direct_timeout"] == 1  # the backend's events: proof it ran
     assert len(connection.orphaned_request_ids) == 1  # the answer has not come yet
     for _ in range(200):  # the late answer frees the stream
         if not connection.orphaned_request_ids:

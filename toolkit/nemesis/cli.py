@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from service.api.errors import ConversationExists
@@ -89,6 +90,8 @@ class Nemesis:
         self.topology: Topology | None = None
         self.replicas: list[Replica] = []
         self.fired: dict[str, int] = {}
+        self.events: Counter[str] = Counter()
+        """Backend events the replicas reported over the schedules run."""
         self.unsupported: list[str] = []
         self.skipped = 0
         self.failed: dict[str, int] = {}
@@ -214,6 +217,7 @@ class Nemesis:
         for f in faults:
             print(f"  {f.describe()}")
         targets = [r.target for r in self.replicas]
+        events_before = await asyncio.to_thread(self.backend_events)
         work = Workload(tenant, conversations, targets, history, random.Random(seed))
         work.open()
         stop = asyncio.Event()
@@ -256,6 +260,10 @@ class Nemesis:
             flush=True,
         )
         print(f"  fired: {fired}")
+        events = await asyncio.to_thread(self.backend_events)
+        events.subtract(events_before)
+        self.events.update(events)
+        print(f"  backend events: {_events_text(events)}")
         for anomaly in own[:20]:
             print(f"  checker: {anomaly}")
         for line in por.output.splitlines():
@@ -263,6 +271,13 @@ class Nemesis:
                 print(f"  porcupine: {line}")
         print(f"  anomalies: {len(own)} (checker), {por.anomalies} (porcupine)", flush=True)
         return len(own), por.anomalies
+
+    def backend_events(self) -> Counter[str]:
+        """The replicas' backend events so far, every process of each (``Replica.events``)."""
+        total: Counter[str] = Counter()
+        for replica in self.replicas:
+            total += replica.events()
+        return total
 
     def close(self) -> None:
         for replica in self.replicas:
@@ -276,6 +291,11 @@ class Nemesis:
 
 class NemesisError(RuntimeError):
     """The run could not do what it must to prove anything (no conversations, say)."""
+
+
+def _events_text(events: Counter[str]) -> str:
+    shown = sorted((k, n) for k, n in events.items() if n > 0)
+    return ", ".join(f"{k} x{n}" for k, n in shown) or "none"
 
 
 def _errors(counts: dict[str, int]) -> int:
@@ -295,6 +315,7 @@ async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
             total_por += por
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.fired.items())) or "none"
         print(f"faults fired over {args.schedules} schedule(s): {kinds}")
+        print(f"backend events over {args.schedules} schedule(s): {_events_text(nemesis.events)}")
         for note in nemesis.unsupported:
             print(note)
         if nemesis.skipped:

@@ -6,15 +6,22 @@ channels. ``kill`` is SIGKILL (a crash), ``pause``/``resume`` are SIGSTOP/SIGCON
 not have (``MC_TEST_CLOCK_OFFSET``) are passed as extra environment; ``supports``
 tells whether this build's service code reads one. A replica given a ``root`` runs
 ``python -m service.cli`` from that directory (a sabotaged copy, see ``sabotage.py``).
+``events`` is what the replica's backend reported in
+``message_committer_backend_events_total`` (Scylla's ``direct_timeout``: proof that
+the direct path's own timeout ran), over every process it was: each is scraped
+before it is stopped or killed, and counters start again with the next one.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -24,6 +31,18 @@ START_TIMEOUT_S = 45.0
 STOP_TIMEOUT_S = 15.0
 SERVING = "serving gRPC on"
 REPO = Path(__file__).resolve().parents[2]
+SCRAPE_TIMEOUT_S = 1.0
+_EVENT = re.compile(r'^message_committer_backend_events_total\{kind="([^"]+)"\} ([0-9.e+]+)$')
+
+
+def backend_events(metrics_text: str) -> Counter[str]:
+    """The ``message_committer_backend_events_total`` counts of a /metrics page."""
+    found: Counter[str] = Counter()
+    for line in metrics_text.splitlines():
+        match = _EVENT.match(line)
+        if match:
+            found[match.group(1)] += int(float(match.group(2)))
+    return found
 
 
 def supports(text: str, package: str = "service") -> bool:
@@ -60,6 +79,9 @@ class Replica:
         self.log_path = log_dir / f"replica{index}.log"
         self._process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        self._banked: Counter[str] = Counter()
+        """Events of the earlier processes of this replica."""
+        self._paused = False
 
     @property
     def target(self) -> str:
@@ -118,21 +140,41 @@ class Replica:
         except OSError:
             return ""
 
+    def _scrape(self) -> Counter[str]:
+        """This process's backend events (empty when it does not answer)."""
+        if not self.running or self._paused:
+            return Counter()
+        url = f"http://127.0.0.1:{self.http_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+                return backend_events(response.read().decode(errors="replace"))
+        except OSError:
+            return Counter()
+
+    def events(self) -> Counter[str]:
+        """Backend events over every process of this replica so far."""
+        return self._banked + self._scrape()
+
     def kill(self) -> None:
+        self._banked += self._scrape()
         self._signal_and_wait(signal.SIGKILL)
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGCONT)
+            self._paused = False
+        self._banked += self._scrape()
         self._signal_and_wait(signal.SIGTERM)
 
     def pause(self) -> None:
         if self.running and self._process is not None:
             self._process.send_signal(signal.SIGSTOP)
+            self._paused = True
 
     def resume(self) -> None:
         if self.running and self._process is not None:
             self._process.send_signal(signal.SIGCONT)
+            self._paused = False
 
     def restart(self, extra_env: Mapping[str, str] | None = None) -> None:
         self.stop()
@@ -143,6 +185,7 @@ class Replica:
 
     def _signal_and_wait(self, sig: signal.Signals) -> None:
         process, self._process = self._process, None
+        self._paused = False
         if process is None or process.poll() is not None:
             return
         process.send_signal(sig)
