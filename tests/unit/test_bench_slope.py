@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
+from toolkit.bench.runner import sample_until
 from toolkit.bench.slope import measure, shape
 
 
@@ -67,3 +71,25 @@ def test_every_tenth_has_its_rate_cpu_and_gc_so_a_run_shows_its_shape() -> None:
     assert all(t.cpu_us == pytest.approx(1000) for t in slope.tenths)
     assert [round(t.gc_us or 0) for t in slope.tenths] == [0, 0, 0, 0, 0, 250, 0, 0, 0, 0]
     assert "of which GC us/commit 0 0 0 0 0 250 0 0 0 0" in shape(slope)
+
+
+async def test_the_cpu_sampler_takes_one_last_sample_after_the_phase_ends() -> None:
+    # Before: the sampler stopped at its next wake-up without a sample, so the
+    # phase's last completions came after the last sample and the last tenth had
+    # no CPU figure ("server CPU per commit 1044 us -> n/a").
+    stop = asyncio.Event()
+    cpu: list[tuple[float, float]] = []
+    gc: list[tuple[float, float]] = []
+    reads = iter(range(1000))
+
+    def read() -> tuple[float, float]:
+        n = next(reads)
+        return float(n), n / 10
+
+    sampler = asyncio.create_task(sample_until(stop, read, cpu, gc, every_s=3600))
+    await asyncio.sleep(0)  # the first sample, then a long wait
+    last_completion = time.time()
+    stop.set()
+    await sampler
+    assert len(cpu) == 2 and len(gc) == 2
+    assert cpu[-1][0] >= last_completion and cpu[-1][1] == 1.0 and gc[-1][1] == 0.1

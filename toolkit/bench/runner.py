@@ -84,6 +84,27 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
+async def sample_until(
+    stop: asyncio.Event,
+    read: Callable[[], tuple[float, float]],
+    cpu: list[tuple[float, float]],
+    gc: list[tuple[float, float]],
+    every_s: float = CPU_SAMPLE_S,
+) -> None:
+    """Append ``(time.time(), CPU seconds)`` and ``(time.time(), GC seconds)`` from
+    ``read`` every ``every_s`` until ``stop``, and once more after it: the phase's
+    last completions come after the last sample otherwise, and its last tenth has no
+    CPU figure."""
+    while True:
+        now = time.time()
+        cpu_s, gc_s = read()
+        cpu.append((now, cpu_s))
+        gc.append((now, gc_s))
+        if stop.is_set():
+            return
+        await wait_event(stop, every_s)
+
+
 class BackendBench:
     """Runs every phase against one target."""
 
@@ -175,13 +196,11 @@ class BackendBench:
         samples: list[tuple[float, float]] = []
         gc_samples: list[tuple[float, float]] = []
 
+        def read() -> tuple[float, float]:
+            return time.process_time() + (relay.cpu_s() if relay is not None else 0.0), gc_seconds()
+
         async def sample(stop: asyncio.Event) -> None:
-            while not stop.is_set():  # ends with the phase
-                now = time.time()
-                cpu = time.process_time() + (relay.cpu_s() if relay is not None else 0.0)
-                samples.append((now, cpu))
-                gc_samples.append((now, gc_seconds()))
-                await wait_event(stop, CPU_SAMPLE_S)
+            await sample_until(stop, read, samples, gc_samples)
 
         if relay is not None:
             await relay.start()
