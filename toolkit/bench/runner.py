@@ -199,13 +199,14 @@ class BackendBench:
         def read() -> tuple[float, float]:
             return time.process_time() + (relay.cpu_s() if relay is not None else 0.0), gc_seconds()
 
-        async def sample(stop: asyncio.Event) -> None:
-            await sample_until(stop, read, samples, gc_samples)
-
         if relay is not None:
             await relay.start()
         stop = asyncio.Event()
-        sampler = asyncio.create_task(sample(stop)) if target.server is not None else None
+        sampler = (
+            asyncio.create_task(sample_until(stop, read, samples, gc_samples))
+            if target.server is not None
+            else None
+        )
         try:
             got = await self.grpc_phase(kind, SUSTAINED_LIMIT_S, SUSTAINED, total=total)
         finally:

@@ -135,16 +135,12 @@ def shape(slope: Slope) -> str:
     """Every tenth's rate, CPU and GC per commit, one line each."""
     rates = " ".join(f"{t.per_s:.0f}" for t in slope.tenths)
     lines = [f"sustained by tenth: commits/s {rates}"]
-    if all(t.cpu_us is not None for t in slope.tenths):
-        lines.append(
-            "sustained by tenth: server CPU us/commit "
-            + " ".join(_us(t.cpu_us).removesuffix(" us") for t in slope.tenths)
-        )
-    if all(t.gc_us is not None for t in slope.tenths):
-        lines.append(
-            "sustained by tenth: of which GC us/commit "
-            + " ".join(_us(t.gc_us).removesuffix(" us") for t in slope.tenths)
-        )
+    for label, values in (
+        ("server CPU us/commit", [t.cpu_us for t in slope.tenths]),
+        ("of which GC us/commit", [t.gc_us for t in slope.tenths]),
+    ):
+        if all(v is not None for v in values):
+            lines.append(f"sustained by tenth: {label} " + " ".join(f"{v:.0f}" for v in values))
     return "\n".join(lines)
 
 

@@ -154,8 +154,8 @@ class Nemesis:
 
     async def _begin(self, kind: str, target: int) -> None:
         assert self.topology is not None
-        if kind == "kill-replica":
-            self.replicas[target].kill()
+        if kind == "kill-replica":  # off the loop: it reads the replica's metrics first
+            await asyncio.to_thread(self.replicas[target].kill)
         elif kind == "clock-offset":
             offset = random.Random(target).choice(CLOCK_OFFSETS_MS)
             await asyncio.to_thread(self.replicas[target].restart, {CLOCK_ENV: f"{offset}ms"})

@@ -81,7 +81,6 @@ class Replica:
         self.restarts = 0
         self._banked: Counter[str] = Counter()
         """Events of the earlier processes of this replica."""
-        self._paused = False
 
     @property
     def target(self) -> str:
@@ -142,7 +141,7 @@ class Replica:
 
     def _scrape(self) -> Counter[str]:
         """This process's backend events (empty when it does not answer)."""
-        if not self.running or self._paused:
+        if not self.running:
             return Counter()
         url = f"http://127.0.0.1:{self.http_port}/metrics"
         try:
@@ -162,19 +161,16 @@ class Replica:
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGCONT)
-            self._paused = False
         self._banked += self._scrape()
         self._signal_and_wait(signal.SIGTERM)
 
     def pause(self) -> None:
         if self.running and self._process is not None:
             self._process.send_signal(signal.SIGSTOP)
-            self._paused = True
 
     def resume(self) -> None:
         if self.running and self._process is not None:
             self._process.send_signal(signal.SIGCONT)
-            self._paused = False
 
     def restart(self, extra_env: Mapping[str, str] | None = None) -> None:
         self.stop()
@@ -185,7 +181,6 @@ class Replica:
 
     def _signal_and_wait(self, sig: signal.Signals) -> None:
         process, self._process = self._process, None
-        self._paused = False
         if process is None or process.poll() is not None:
             return
         process.send_signal(sig)
