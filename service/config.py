@@ -55,6 +55,10 @@ class ConfigError(StartupError):
     exit_code = 2
 
 
+DEFAULT_MAX_STREAMS = 20_000
+"""``MC_MAX_STREAMS``'s default (the benchmark opens at most this many idle streams)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """Everything the ``serve`` command can be told."""
@@ -178,6 +182,13 @@ class ServiceConfig:
     max_concurrent_rpcs: int = 1000
     """Unary RPCs served at once; more are rejected with RESOURCE_EXHAUSTED (0 = unlimited).
     Streams (Subscribe) are counted apart (service/api/limits.py)."""
+
+    max_streams: int = DEFAULT_MAX_STREAMS
+    """Server streams (Subscribe) served at once, apart from unary RPCs; more are rejected
+    with RESOURCE_EXHAUSTED. An idle stream costs about 28 KiB of server memory."""
+
+    max_streams_per_user: int = 16
+    """Server streams one (tenant, user) may hold at once on one replica."""
 
     recovery_interval: float = field(default=10.0, metadata=_DURATION)
     """How often this replica runs recovery (jittered by +-20%)."""
@@ -621,7 +632,7 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "scylla_max_clock_skew", "redis_wait_timeout", "fanout_threshold", "mailbox_retention",
         "mailbox_max_entries", "subscribe_poll_interval", "relay_lease", "relay_batch",
         "relay_idle_wait", "relay_max_attempts", "relay_first_retry", "relay_max_retry",
-        "relay_settle_window", "relay_outbox_retention",
+        "relay_settle_window", "relay_outbox_retention", "max_streams", "max_streams_per_user",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:

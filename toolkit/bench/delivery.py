@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.api.limits import MAX_STREAMS
 from service.client import CommitClient, RetryPolicy
+from service.config import DEFAULT_MAX_STREAMS as MAX_STREAMS
 from service.config import ServiceConfig
 from service.domain.mailbox import MailboxCursor
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType

@@ -44,7 +44,7 @@ from toolkit.bench.driver import BenchError
 HOLDER_CHANNELS = 50
 """Connections the holder spreads its streams over (one HTTP/2 connection each)."""
 STREAMS_PER_USER = 8
-"""Streams per user: half the replica's per-user cap (``MAX_STREAMS_PER_USER``)."""
+"""Streams per user: half the replica's per-user cap (``MC_MAX_STREAMS_PER_USER``, default 16)."""
 WAVE = 250
 """Streams the holder opens at once."""
 READY_TIMEOUT_S = 300.0
