@@ -99,7 +99,8 @@ def _state(row: Row | None) -> tuple[LaneState, int | None, dict[str, int], int 
     return state, int(row["version"]), dict(row.get("fences") or {}), row.get("first_ms")
 
 
-def _entry(tenant: str, row: Row) -> MailboxEntry:
+def entry_of(tenant: str, row: Row) -> MailboxEntry:
+    """One entry row back into an entry (a row from before schema 4: version unknown)."""
     try:
         record = MessageRecord(
             tenant=tenant,
@@ -255,13 +256,13 @@ class ScyllaMailboxStore(MailboxStore):
         if not rows:
             return LaneRead(_state(statics[0] if statics else None)[0], ())
         state = _state(rows[0])[0]
-        entries = [_entry(mailbox.tenant, r) for r in rows]
+        entries = [entry_of(mailbox.tenant, r) for r in rows]
         last = entries[-1].seq
         end = await self._cql.read("mb.group_of", (*key, last))
         group_end = int(end[0]["seq"]) if end else last
         if group_end > last:  # complete the last group
             rest = await self._cql.read("mb.range", (*key, last, group_end))
-            entries += [_entry(mailbox.tenant, r) for r in rest]
+            entries += [entry_of(mailbox.tenant, r) for r in rest]
         return LaneRead(state, tuple(entries))
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:

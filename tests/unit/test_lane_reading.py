@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backends.redis import codec
+from backends.scylla.mailbox import entry_of as scylla_entry
 from service.domain.mailbox import (
     UNKNOWN_VERSION,
     LaneRead,
@@ -112,3 +113,14 @@ def test_redis_lane_records_carry_the_version_and_old_ones_read_as_unknown() -> 
     old = codec.encode_record(record)  # what entries held before
     assert codec.decode_lane_record("t", "c", 3, old) == (record, UNKNOWN_VERSION)
     assert codec.encode_lane_record(record, UNKNOWN_VERSION) == old
+
+
+def test_scylla_rows_from_before_schema_4_read_as_unknown() -> None:
+    row = {
+        "seq": 1, "group_id": 1, "appended_ms": 2, "message_id": "m1", "conversation": "c",
+        "conv_seq": 1, "sender": "u", "device": "d", "cmid": "k", "server_ts_ms": 1,
+        "message_type": "text", "custom_type": "", "body": b"hi",
+    }  # fmt: skip
+    assert scylla_entry("t", row).membership_version == UNKNOWN_VERSION  # no column
+    assert scylla_entry("t", {**row, "membership_version": None}).membership_version == 0
+    assert scylla_entry("t", {**row, "membership_version": 4}).membership_version == 4
