@@ -371,7 +371,7 @@ async def test_a_late_joiner_applies_a_big_lane_whose_pages_skip_what_it_may_not
     async with await admin(servers.target) as c:
         await eventually(lambda: _lane_head(c, "alice", 4))
     lane = "conversation:big"
-    await eventually(lambda: _cursor_at(dave, lane, 4))
+    await eventually(lambda: _lane_cursor_at(dave, lane, 4))
     local = [m.record.seq for m in await dave.rt.store.messages("big", limit=100)]
     assert local == [3, 4]
 
@@ -381,6 +381,6 @@ async def _lane_head(c: Any, user: str, head: int) -> bool:
     return bool(page.head >= head)
 
 
-async def _cursor_at(client: Client, lane: str, seq: int) -> bool:
+async def _lane_cursor_at(client: Client, lane: str, seq: int) -> bool:
     cursor = await client.rt.store.cursor(lane)
     return cursor is not None and cursor.seq == seq
