@@ -135,7 +135,7 @@ class MemoryMailboxStore(MailboxStore):
         now = self._clock.now_ms()
         first = lane.head + 1
         for offset, item in enumerate(fresh):
-            lane.add(MailboxEntry(first + offset, first, item.record, now))
+            lane.add(MailboxEntry(first + offset, first, item.record, now, item.membership_version))
         if fresh:
             lane.head = first + len(fresh) - 1
             lane.group_ends.append((lane.head, now))

@@ -20,6 +20,7 @@ from service.domain.mailbox import (
     MailboxCursor,
     MailboxItem,
     MailboxPage,
+    Reader,
     build_page,
 )
 from service.domain.model import MessageRecord
@@ -109,11 +110,17 @@ class MailboxStore(abc.ABC):
         """The lane's state and its entries after ``after_seq`` (see LaneRead), atomically."""
 
     async def sync(
-        self, mailbox: Mailbox, cursor: MailboxCursor, limit: int, max_bytes: int
+        self,
+        mailbox: Mailbox,
+        cursor: MailboxCursor,
+        limit: int,
+        max_bytes: int,
+        reader: Reader = None,
     ) -> MailboxPage:
-        """One page after ``cursor`` (CursorExpired when it cannot continue)."""
+        """One page after ``cursor`` as ``reader`` sees it (``build_page``;
+        CursorExpired when it cannot continue)."""
         read = await self._read(mailbox, cursor.seq, limit)
-        return build_page(mailbox.lane, cursor, read, limit, max_bytes)
+        return build_page(mailbox.lane, cursor, read, limit, max_bytes, reader)
 
     @abc.abstractmethod
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:

@@ -207,6 +207,11 @@ class CountingMembership(MembershipStore):
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         return await self.inner.admission(tenant, conversation, user)
 
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[int, ...] | None:
+        return await self.inner.member_intervals(tenant, conversation, user)
+
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:
