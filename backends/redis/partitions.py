@@ -32,8 +32,15 @@ Every script that changes a partition checks the caller's token against
 settle also checks that every entry it names is pending under the caller.
 A relay waits for new entries with one blocking XREAD over its idle
 partitions (standalone and Sentinel; on a Cluster it polls). Each relay process
-is a consumer of its own name; a takeover deletes the earlier holders' consumers
-that have nothing pending, so restarts do not pile consumers up in the group.
+is a consumer of its own name. Idle consumers are deleted at three points, so
+restarts do not pile them up in the group: a takeover deletes the earlier
+holders' consumers that have nothing pending; a look at what is unsettled
+that reached the end of the pending list (every pending entry is the
+holder's now) deletes every other consumer; a release deletes the
+releaser's own consumer when it has nothing pending. So once a holder has
+reconciled, the group holds it alone (plus a killed relay's consumer, with its
+pending entries, until the next holder moved them), and a partition let go
+gracefully keeps none (``tests/redis/test_relay_consumers.py``).
 """
 
 from __future__ import annotations
@@ -94,11 +101,31 @@ local function last_delivered(stream, group)
 end
 """
 
+_CONSUMERS = """
+-- Delete the group's consumers that have nothing pending, except ``keep``
+-- (or only ``only``, when given).
+local function forget_idle(stream, group, keep, only)
+  local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', stream, group)
+  if not ok then return end
+  for _, c in ipairs(consumers) do
+    local name, pending
+    for i = 1, #c, 2 do
+      if c[i] == 'name' then name = c[i + 1] end
+      if c[i] == 'pending' then pending = c[i + 1] end
+    end
+    if name and name ~= keep and pending == 0 and (only == nil or name == only) then
+      redis.call('XGROUP', 'DELCONSUMER', stream, group, name)
+    end
+  end
+end
+"""
+
 ACQUIRE = script(
     "relay_acquire",
     """#!lua
 -- KEYS: id lease stream    ARGV: dep shift owner ttl_ms group
 --@prologue
+--@consumers
 local l = redis.call('HMGET', KEYS[2], 'o', 't', 'x')
 local token, expires = tonumber(l[2] or '0'), tonumber(l[3] or '0')
 local until_ms = now + tonumber(ARGV[4])
@@ -112,32 +139,24 @@ redis.call('HSET', KEYS[2], 'o', ARGV[3], 't', token, 'x', until_ms)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
 -- Every relay process is a new consumer: forget the earlier ones with nothing
 -- pending (one with pending entries stays until this holder moved them).
-local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[3], ARGV[5])
-if ok then
-  for _, c in ipairs(consumers) do
-    local name, pending
-    for i = 1, #c, 2 do
-      if c[i] == 'name' then name = c[i + 1] end
-      if c[i] == 'pending' then pending = c[i + 1] end
-    end
-    if name and name ~= ARGV[3] and pending == 0 then
-      redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[5], name)
-    end
-  end
-end
+forget_idle(KEYS[3], ARGV[5], ARGV[3])
 return {'taken', token, until_ms}
-""",
+""".replace("--@consumers", _CONSUMERS),
 )
 
 RELEASE = script(
     "relay_release",
     """#!lua
--- KEYS: id lease    ARGV: dep shift token
+-- KEYS: id lease stream    ARGV: dep shift token owner group
 --@prologue
 --@token
+--@consumers
 if token_ok(KEYS[2], ARGV[3]) then redis.call('HSET', KEYS[2], 'x', 0) end
+-- A relay that lets go with nothing pending leaves no consumer behind (one
+-- with pending entries stays: the next holder moves them, then forgets it).
+forget_idle(KEYS[3], ARGV[5], '', ARGV[4])
 return {'ok'}
-""".replace("--@token", _TOKEN),
+""".replace("--@token", _TOKEN).replace("--@consumers", _CONSUMERS),
 )
 
 CLAIM = script(
@@ -164,6 +183,7 @@ UNSETTLED = script(
 -- KEYS: id lease stream retry dlq    ARGV: dep shift token consumer group count gone_problem
 --@prologue
 --@token
+--@consumers
 if not token_ok(KEYS[2], ARGV[3]) then return {'lost'} end
 local r = redis.call('XAUTOCLAIM', KEYS[3], ARGV[5], ARGV[4], 0, '0-0', 'COUNT', ARGV[6])
 local entries, deleted = r[2], r[3]
@@ -182,10 +202,13 @@ if deleted and #deleted > 0 then
   redis.call('HDEL', KEYS[4], unpack(deleted))
   gone = #deleted
 end
+-- The scan reached the end: every pending entry is this holder's now, so the
+-- earlier holders' consumers are empty; forget them.
+if r[1] == '0-0' then forget_idle(KEYS[3], ARGV[5], ARGV[4]) end
 local marks = {}
 for i, e in ipairs(entries) do marks[i] = redis.call('HGET', KEYS[4], e[1]) or '' end
 return {'ok', entries, marks, gone}
-""".replace("--@token", _TOKEN),
+""".replace("--@token", _TOKEN).replace("--@consumers", _CONSUMERS),
 )
 
 SETTLE = script(
@@ -380,7 +403,9 @@ class RedisOutboxPartitions(OutboxPartitions):
 
     async def release(self, lease: Lease) -> None:
         k = self._k(lease.partition)
-        await self._calls.run(RELEASE, [k.identity, k.lease], [lease.token])
+        await self._calls.run(
+            RELEASE, [k.identity, k.lease, k.stream], [lease.token, lease.owner, GROUP]
+        )
 
     async def _fenced(self, which: Any, keys: list[str], args: list[Any]) -> list[Any]:
         word, rest = await self._calls.run(which, keys, args)
