@@ -59,7 +59,7 @@ from backends.redis.keys import Release1Keys
 from backends.redis.lua import script
 from backends.redis.outbox import decode_entry
 from backends.redis.replication import Replication
-from service.domain.delivery import OutboxPartitions
+from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
@@ -303,6 +303,22 @@ return {'ok', moved}
 """,
 )
 
+TRIM_DEAD = script(
+    "relay_trim_dead_letters",
+    """#!lua
+-- KEYS: id lease dlq    ARGV: dep shift token retention_ms
+--@prologue
+--@token
+if not token_ok(KEYS[2], ARGV[3]) then return {'lost'} end
+local cutoff = now - tonumber(ARGV[4])
+local dropped = 0
+if cutoff > 0 then
+  dropped = redis.call('XTRIM', KEYS[3], 'MINID', string.format('%.0f', cutoff) .. '-0')
+end
+return {'ok', dropped, redis.call('XLEN', KEYS[3])}
+""".replace("--@token", _TOKEN),
+)
+
 RELAYS = script(
     "relay_announce",
     """#!lua
@@ -314,7 +330,7 @@ return {'ok', redis.call('ZCARD', KEYS[2])}
 """,
 )
 
-SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, RELAYS)
+SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, TRIM_DEAD, RELAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +370,7 @@ class RedisOutboxPartitions(OutboxPartitions):
         *,
         legacy: bool,
         retention_ms: int,
+        dead_letter_retention_ms: int = DeliverySettings().dead_letter_retention_ms,
         replication: Replication | None = None,
         events: Counter[str] | None = None,
     ) -> None:
@@ -361,6 +378,7 @@ class RedisOutboxPartitions(OutboxPartitions):
         self._events: Counter[str] = Counter() if events is None else events
         self._link = calls.link
         self._retention_ms = retention_ms
+        self._dead_retention_ms = dead_letter_retention_ms
         self._replication = replication
         ks = calls.keys
         self._keys: dict[str, PartitionKeys] = {}
@@ -510,6 +528,15 @@ class RedisOutboxPartitions(OutboxPartitions):
         if word != b"ok" or not rest:
             raise StoreCorrupt("redis gave an unexpected reply")
         return codec.to_int(rest[0])
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        k = self._k(lease.partition)
+        rest = await self._fenced(
+            TRIM_DEAD, [k.identity, k.lease, k.dead], [lease.token, self._dead_retention_ms]
+        )
+        if len(rest) != 2:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return DeadLetterTrim(codec.to_int(rest[0]), codec.to_int(rest[1]))
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         word, rest = await self._calls.run(RELAYS, list(self._relays), [owner, ttl_ms])
