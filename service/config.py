@@ -303,7 +303,8 @@ class ServiceConfig:
 
     relay_dead_letter_retention: float = field(default=30 * 86400.0, metadata=_DURATION)
     """How long the relay keeps dead letters before it drops them, counted and
-    logged (Redis XTRIM MINID, Scylla row TTL, memory by age)."""
+    logged (Redis XTRIM MINID, Scylla a counted delete plus a row TTL of this + 1d
+    as a backstop, memory by age and at most 10,000 per partition)."""
 
     test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
     """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to

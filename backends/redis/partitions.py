@@ -24,7 +24,9 @@ Per partition, in the stream's shard ``B = P:{n}``:
   problem, ``a`` attempts); an entry found gone from its stream while pending
   (trimmed by something other than the relay) leaves a letter of its id alone,
   marked ``g``, with empty entry fields: counted as the backend event
-  ``outbox_entries_gone``, and never requeued (there is nothing to re-send);
+  ``outbox_entries_gone``, and never requeued (there is nothing to re-send).
+  The holder trims it to MC_RELAY_DEAD_LETTER_RETENTION (XTRIM MINID by Redis
+  time, ``trim_dead_letters``), counting what it dropped;
 * ``P:{0}:relays`` zset: live relays, score the expiry of their announcement.
 
 Every script that changes a partition checks the caller's token against

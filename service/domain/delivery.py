@@ -53,7 +53,7 @@ class DeliverySettings:
     (a writer with a slower clock may still add one before them)."""
     dead_letter_retention_ms: int = 30 * 86_400_000
     """Dead letters older than this are dropped by the relay, counted and logged
-    (Redis: XTRIM MINID; Scylla: the rows' TTL; memory: by age)."""
+    (``OutboxPartitions.trim_dead_letters``)."""
 
 
 @dataclass(frozen=True, slots=True)
