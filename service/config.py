@@ -301,6 +301,11 @@ class ServiceConfig:
     """How long delivered outbox entries are kept before the relay trims them
     (Redis streams; the Scylla outbox expires by TTL)."""
 
+    relay_dead_letter_retention: float = field(default=30 * 86400.0, metadata=_DURATION)
+    """How long the relay keeps dead letters before it drops them, counted and
+    logged (Redis XTRIM MINID, Scylla a counted delete plus a row TTL of this + 1d
+    as a backstop, memory by age and at most 10,000 per partition)."""
+
     test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
     """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to
     show what a skewed host does. Never set it in production."""
@@ -354,6 +359,7 @@ class ServiceConfig:
             mailbox=self.mailbox_settings(),
             outbox_retention_ms=int(self.relay_outbox_retention * 1000),
             settle_window_ms=int(self.relay_settle_window * 1000),
+            dead_letter_retention_ms=int(self.relay_dead_letter_retention * 1000),
         )
 
     def redis_deployment_identity(self) -> str:
@@ -632,7 +638,8 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "scylla_max_clock_skew", "redis_wait_timeout", "fanout_threshold", "mailbox_retention",
         "mailbox_max_entries", "subscribe_poll_interval", "relay_lease", "relay_batch",
         "relay_idle_wait", "relay_max_attempts", "relay_first_retry", "relay_max_retry",
-        "relay_settle_window", "relay_outbox_retention", "max_streams", "max_streams_per_user",
+        "relay_settle_window", "relay_outbox_retention", "relay_dead_letter_retention",
+        "max_streams", "max_streams_per_user",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:

@@ -92,6 +92,8 @@ class PartitionState:
     retry: dict[str, RetryMark] = field(default_factory=dict)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
     """Dead letters by their id (a counter, in order)."""
+    dead_ms: dict[str, int] = field(default_factory=dict)
+    """When each dead letter was written (the backend's clock), for the retention."""
     letters: int = 0
 
 

@@ -52,6 +52,19 @@ class DeliverySettings:
     settle_window_ms: int = 10_000
     """Scylla: entries younger than this are delivered but not yet acknowledged
     (a writer with a slower clock may still add one before them)."""
+    dead_letter_retention_ms: int = 30 * 86_400_000
+    """Dead letters older than this are dropped by the relay, counted and logged
+    (``OutboxPartitions.trim_dead_letters``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterTrim:
+    """What one trim of a partition's dead letters did."""
+
+    dropped: int
+    """Letters older than the retention that this trim deleted."""
+    held: int
+    """Letters the partition still holds after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +211,11 @@ class OutboxPartitions(abc.ABC):
         already). Returns how many were moved."""
 
     @abc.abstractmethod
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        """Drop the partition's dead letters older than the dead-letter retention
+        (LeaseLost unless the lease is the latest); what was dropped and what is held."""
+
+    @abc.abstractmethod
     async def relays(self, owner: str, ttl_ms: int) -> int:
         """Announce ``owner`` as a live relay for ``ttl_ms``; the number of live relays."""
 
@@ -266,6 +284,7 @@ __all__ = [
     "AppendOutcome",
     "AppendRequest",
     "ConversationIndex",
+    "DeadLetterTrim",
     "DeliveryPorts",
     "DeliverySettings",
     "HistoryRecords",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from service.domain.delivery import (
     AppendOutcome,
     AppendRequest,
+    DeadLetterTrim,
     DeliveryPorts,
     HistoryRecords,
     MailboxStore,
@@ -280,6 +281,9 @@ class HookedPartitions(OutboxPartitions):
 
     async def requeue(self, partition: str, letters: Sequence[str]) -> int:
         return await self.inner.requeue(partition, letters)
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        return await self.inner.trim_dead_letters(lease)
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         return await self.inner.relays(owner, ttl_ms)
