@@ -67,6 +67,8 @@ class Conversation:
     committed after retention had passed their seq, until their own retention."""
     seqs: list[int] = field(default_factory=list)
     history: dict[int, MessageRecord] = field(default_factory=dict)
+    reading_versions: dict[int, int] = field(default_factory=dict)
+    """Per recorded seq, the membership version its commit froze (absent: 0, unknown)."""
     abandoned: list[int] = field(default_factory=list)
     """Sorted seqs an operator abandoned: permanent gaps, kept while readable."""
 
@@ -104,6 +106,7 @@ class Conversation:
         end = bisect.bisect_right(self.seqs, cut)
         for old in self.seqs[:end]:
             del self.history[old]
+            self.reading_versions.pop(old, None)
         del self.seqs[:end]
         del self.abandoned[: bisect.bisect_right(self.abandoned, cut)]
         self.available_from = cut + 1
@@ -113,6 +116,7 @@ class Conversation:
         was quarantined, release the pin, remember the gap."""
         if self.history.pop(seq, None) is not None:
             del self.seqs[bisect.bisect_left(self.seqs, seq)]
+        self.reading_versions.pop(seq, None)
         self.unpin(seq)
         if seq >= self.available_from and seq not in self.abandoned:
             bisect.insort(self.abandoned, seq)

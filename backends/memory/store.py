@@ -9,9 +9,8 @@ from typing import Literal
 
 from backends.memory.members import MemoryMembershipStore
 from backends.memory.state import Commit, Key3, MemoryState, QueueEntry
-from service.domain import membership as rules
-from service.domain.errors import StoreConflict, StoreForbidden, StoreInvalid
-from service.domain.history import build_page
+from service.domain.errors import StoreConflict, StoreInvalid
+from service.domain.history import build_page, reader_of
 from service.domain.identity import as_digest
 from service.domain.ids import CommitKey
 from service.domain.model import (
@@ -142,6 +141,7 @@ class MemoryMessageStore(MessageStore):
         if record.seq not in conv.history:
             bisect.insort(conv.seqs, record.seq)
             conv.history[record.seq] = record
+            conv.reading_versions[record.seq] = stored.intent.delivery.reading_version
         stored.intent = stored.intent.advanced(CommitState.RECORDED)
 
     def _has_record(self, intent: CommitIntent) -> bool:
@@ -329,8 +329,7 @@ class MemoryMessageStore(MessageStore):
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
         self._sweep()
         conv = self._members.conversation(query.tenant, query.conversation)
-        if not rules.is_member(conv.intervals.get(query.actor, ())):
-            raise StoreForbidden("reader is not a member of the conversation")
+        reader = reader_of(conv.intervals.get(query.actor, ()))
         seqs = conv.seqs
         if query.direction is Direction.BACKWARD:
             end = bisect.bisect_left(seqs, query.anchor_seq) if query.anchor_seq else len(seqs)
@@ -340,7 +339,8 @@ class MemoryMessageStore(MessageStore):
             chosen = iter(seqs[start : start + query.limit + 1])
         return build_page(
             query,
-            (conv.history[s] for s in chosen),
+            ((conv.history[s], conv.reading_versions.get(s, 0)) for s in chosen),
+            reader=reader,
             available_from_seq=conv.available_from,
             last_seq=conv.last_seq,
             abandoned=conv.abandoned,

@@ -144,8 +144,11 @@ def _record_doc(record: MessageRecord) -> dict[str, object]:
     return doc
 
 
-def history_member(record: MessageRecord) -> bytes:
-    return b"%d:" % record.seq + encode_record(record)
+def history_member(record: MessageRecord, reading_version: int = 0) -> bytes:
+    """A history member, ``seq:record``: the record as ``encode_lane_record`` writes
+    it, with ``mv``, the membership version its commit froze, when known (the
+    put_record script inserts it the same way; ``bare_member`` there drops it)."""
+    return b"%d:" % record.seq + encode_lane_record(record, reading_version)
 
 
 def _str(doc: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -213,10 +216,18 @@ def _record_of(tenant: str, conversation: str, seq: int, doc: dict[str, Any]) ->
 
 
 def decode_history_member(tenant: str, conversation: str, member: bytes) -> MessageRecord:
+    return decode_history_candidate(tenant, conversation, member)[0]
+
+
+def decode_history_candidate(
+    tenant: str, conversation: str, member: bytes
+) -> tuple[MessageRecord, int]:
+    """A history member's record and the membership version its commit froze
+    (0, unknown, for a member written before members carried it)."""
     seq, sep, blob = member.partition(b":")
     if not sep:
         raise StoreCorrupt("a history entry is malformed")
-    return decode_record(tenant, conversation, to_int(seq), blob)
+    return decode_lane_record(tenant, conversation, to_int(seq), blob)
 
 
 def encode_delivery(delivery: FrozenDeliveryInput) -> bytes:

@@ -22,7 +22,19 @@ from service.domain.errors import StoreConflict, StoreCorrupt
 from service.domain.ids import CommitKey
 from service.domain.ports import Clock
 
-_SAME_INTENT = """
+BARE_MEMBER = """
+-- A history member is "seq:record", the record's JSON ending in ',"mv":N}' when
+-- it carries the membership version its commit froze (codec.history_member);
+-- its bare form (without mv) is what the commit hash's 'r' is compared with.
+local function bare_member(member)
+  if not member then return member end
+  return (string.gsub(member, ',"mv":%d+}$', '}'))
+end
+"""
+
+_SAME_INTENT = (
+    BARE_MEMBER
+    + """
 local function read_commit(key)
   local v = redis.call('HMGET', key, 'st', 's', 'r', 'm', 'x', 'ps', 'pp', 't', 'op')
   return {st = v[1], s = v[2], r = v[3], m = v[4], x = v[5], ps = v[6], pp = v[7], t = v[8],
@@ -41,9 +53,10 @@ local function same_intent(c, seq, rec, mid)
 end
 local function has_record(history, seq, member)
   local at = redis.call('ZRANGE', history, seq, seq, 'BYSCORE', 'LIMIT', 0, 1)
-  return at[1] == member
+  return bare_member(at[1]) == member
 end
 """
+)
 
 RESERVE = script(
     "reserve",
@@ -130,7 +143,10 @@ return {'none'}
 PUT_RECORD = script(
     "put_record",
     """#!lua
--- KEYS: id commit meta history expiry pinned    ARGV: dep shift seq record message_id
+-- KEYS: id commit meta history expiry pinned
+-- ARGV: dep shift seq record message_id reading_version
+-- The history member carries the reading version inside the record's JSON
+-- ('mv', left out when 0, unknown), so a reader that does not know it ignores it.
 --@prologue
 --@retention
 --@same_intent
@@ -140,7 +156,13 @@ if verdict == 'absent' or verdict == 'mismatch' then return {'conflict', verdict
 if c.st ~= '0' then return {'ok'} end
 sweep(KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 local at = redis.call('ZRANGE', KEYS[4], ARGV[3], ARGV[3], 'BYSCORE', 'LIMIT', 0, 1)
-if #at == 0 then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[3] .. ':' .. ARGV[4]) end
+if #at == 0 then
+  local record = ARGV[4]
+  if ARGV[6] and ARGV[6] ~= '0' then
+    record = string.sub(record, 1, -2) .. ',"mv":' .. ARGV[6] .. '}'
+  end
+  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[3] .. ':' .. record)
+end
 redis.call('HSET', KEYS[2], 'st', '1')
 return {'ok'}
 """.replace("--@same_intent", _SAME_INTENT),
@@ -178,15 +200,16 @@ OUTBOX_APPEND = script(
 -- pipeline appends nothing). The entry id is kept in the commit hash ('op') for
 -- the commit script that follows; every later append replaces it.
 --@prologue
+--@bare_member
 local c = redis.call('HMGET', KEYS[2], 'st', 's', 'm', 'r')
 if c[1] ~= '1' then return {'conflict', 'state'} end
 if c[2] ~= ARGV[3] or c[3] ~= ARGV[4] then return {'conflict', 'mismatch'} end
 local at = redis.call('ZRANGE', KEYS[3], c[2], c[2], 'BYSCORE', 'LIMIT', 0, 1)
-if at[1] ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end
+if bare_member(at[1]) ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end
 local id = redis.call('XADD', KEYS[4], '*', unpack(ARGV, 5))
 redis.call('HSET', KEYS[2], 'op', id)
 return {'appended', id}
-""",
+""".replace("--@bare_member", BARE_MEMBER),
 )
 
 COMMIT = script(

@@ -1,13 +1,16 @@
-"""History pages on Redis: one script that authorises the reader (a point lookup
-of its membership intervals), applies retention and reads the page."""
+"""History pages on Redis: one script that reads the reader's membership
+intervals (a point lookup), applies retention and reads the page; Python
+authorises the reader and applies the reading rule (``service.domain.history``),
+so the rule has no Lua copy."""
 
 from __future__ import annotations
 
 from backends.redis import codec
 from backends.redis.commits import CommitCalls
 from backends.redis.lua import script
+from service.domain import membership as rules
 from service.domain.errors import StoreCorrupt, StoreForbidden, StoreNotFound
-from service.domain.history import build_page
+from service.domain.history import build_page, reader_of
 from service.domain.model import Direction, HistoryPage, HistoryQuery
 
 MAX_GAPS = 10_000
@@ -19,13 +22,14 @@ HISTORY = script(
     """#!lua flags=allow-oom
 -- KEYS: id meta intervals history expiry pinned gaps
 -- ARGV: dep shift actor direction(f|b) anchor count
+-- Answers the reader's intervals with the page ('forbidden' when it never was a member).
 -- allow-oom: its only writes delete (the retention sweep), so reads keep
 -- working when Redis is out of memory
 --@prologue
 --@retention
---@intervals
 if redis.call('EXISTS', KEYS[2]) == 0 then return {'noconv'} end
-if not iv_is_member(redis.call('HGET', KEYS[3], ARGV[3])) then return {'forbidden'} end
+local reader = redis.call('HGET', KEYS[3], ARGV[3])
+if not reader or reader == '' then return {'forbidden'} end
 local avail = sweep(KEYS[2], KEYS[4], KEYS[5], KEYS[6])
 local last = redis.call('HGET', KEYS[2], 's') or '0'
 redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. avail)
@@ -38,7 +42,7 @@ if ARGV[4] == 'b' then
 else
   items = redis.call('ZRANGE', KEYS[4], '(' .. ARGV[5], '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[6])
 end
-return {'page', avail, last, items, gaps}
+return {'page', avail, last, items, gaps, reader}
 """.replace("MAX_GAPS", str(MAX_GAPS)),
 )
 
@@ -61,12 +65,18 @@ async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
         raise StoreNotFound("conversation not found")
     if word == b"forbidden":
         raise StoreForbidden("reader is not a member of the conversation")
-    if word != b"page" or len(rest) != 4 or not isinstance(rest[2], list):
+    if word != b"page" or len(rest) != 5 or not isinstance(rest[2], list):
         raise StoreCorrupt("redis gave an unexpected reply")
-    candidates = (codec.decode_history_member(query.tenant, query.conversation, m) for m in rest[2])
+    try:
+        reader = reader_of(rules.decode(codec.to_str(rest[4])))
+    except ValueError:
+        raise StoreCorrupt("stored membership intervals cannot be decoded") from None
+    t, c = query.tenant, query.conversation
+    candidates = (codec.decode_history_candidate(t, c, m) for m in rest[2])
     return build_page(
         query,
         candidates,
+        reader=reader,
         available_from_seq=codec.to_int(rest[0]),
         last_seq=codec.to_int(rest[1]),
         abandoned=[codec.to_int(g) for g in rest[3]] if isinstance(rest[3], list) else (),

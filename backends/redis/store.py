@@ -259,7 +259,9 @@ class RedisMessageStore(MessageStore):
 
     async def put_record(self, intent: CommitIntent) -> None:
         keys, args = self._intent_args(intent)
-        word, rest = await self._calls.run(PUT_RECORD, keys, args)
+        word, rest = await self._calls.run(
+            PUT_RECORD, keys, [*args, intent.delivery.reading_version]
+        )
         if word == b"conflict":
             raise_conflict(rest)
 
@@ -369,7 +371,7 @@ class RedisMessageStore(MessageStore):
         commit_keys, commit_args = self._commit_call(intent, "po", stream, "", (keys, args))
         append: list[Arg] = [*head, r.seq, r.message_id, *outbox.entry_fields(intent)]
         calls: list[tuple[Script, list[str], list[Arg]]] = [
-            (PUT_RECORD, keys, cast(list[Arg], [*head, *args])),
+            (PUT_RECORD, keys, cast(list[Arg], [*head, *args, intent.delivery.reading_version])),
             (OUTBOX_APPEND, [keys[0], keys[1], keys[3], stream], append),
             (COMMIT, commit_keys, commit_args),
         ][:steps]

@@ -45,8 +45,7 @@ from backends.scylla.codec import BODY_COLUMNS, body_values, history_record
 from backends.scylla.members import ScyllaMembershipStore
 from backends.scylla.schema import HISTORY_BUCKET
 from backends.scylla.session import CqlSession, Params, Row
-from service.domain.errors import StoreForbidden
-from service.domain.history import build_page
+from service.domain.history import Candidate, build_page, reader_of
 from service.domain.model import Direction, HistoryPage, HistoryQuery, MessageRecord
 from service.domain.ports import Clock
 
@@ -63,7 +62,7 @@ BATCHED_RECORD_BYTES = 16 * 1024
 several partitions is refused above ``batch_size_fail_threshold``, 50 KiB)."""
 
 _COLUMNS = ("tenant", "conversation", "bucket", "seq", "message_id", "sender", "cmid")
-_VALUES = (*_COLUMNS, *BODY_COLUMNS, "server_ts_ms")
+_VALUES = (*_COLUMNS, *BODY_COLUMNS, "server_ts_ms", "membership_version")
 _INSERT = (
     f"INSERT INTO {{ks}}.history ({', '.join(_VALUES)}) VALUES ({', '.join('?' * len(_VALUES))})"
     " USING TIMESTAMP ?"
@@ -114,7 +113,10 @@ def ttl_s(ms: int, slack_s: int) -> int:
     return max(1, min(MAX_TTL_S, math.ceil(ms / 1000) + slack_s))
 
 
-def _values(record: MessageRecord) -> tuple[object, ...]:
+def _values(record: MessageRecord, reading_version: int) -> tuple[object, ...]:
+    """The row of ``record``, with the membership version its commit froze
+    (``FrozenDeliveryInput.reading_version``; a row written before schema 5 has
+    none: null, read as 0, unknown)."""
     return (
         record.tenant,
         record.conversation,
@@ -125,6 +127,7 @@ def _values(record: MessageRecord) -> tuple[object, ...]:
         record.cmid,
         *body_values(record, unset_absent=True),
         record.server_ts_ms,
+        reading_version,
     )
 
 
@@ -135,6 +138,10 @@ def pin_write(tenant: str, conversation: str, seq: int) -> tuple[str, Params]:
 
 def pin_removal(tenant: str, conversation: str, seq: int) -> tuple[str, Params]:
     return ("pin.remove", (tenant, conversation, seq // HISTORY_BUCKET, seq))
+
+
+def _candidate(tenant: str, conversation: str, row: Row) -> Candidate:
+    return history_record(tenant, conversation, row), int(row.get("membership_version") or 0)
 
 
 class History:
@@ -154,22 +161,33 @@ class History:
 
     # --- writes ------------------------------------------------------------------
 
-    async def put(self, record: MessageRecord, created_at_ms: int) -> None:
+    async def put(self, record: MessageRecord, created_at_ms: int, reading_version: int) -> None:
         """Write exactly ``record`` (no TTL: the commit is not finished), with the
         write timestamp of the intent's creation: a late retry of this write can
         then never override the commit's rewrite, whose timestamp is later."""
-        await self._cql.write("hist.put", (*_values(record), created_at_ms * 1000))
+        row = _values(record, reading_version)
+        await self._cql.write("hist.put", (*row, created_at_ms * 1000))
 
     async def get(self, record: MessageRecord) -> MessageRecord | None:
         """What history holds at ``record``'s seq, if anything."""
         return await self.at(record.tenant, record.conversation, record.seq)
 
     async def at(self, tenant: str, conversation: str, seq: int) -> MessageRecord | None:
+        found = await self.candidate_at(tenant, conversation, seq)
+        return found[0] if found else None
+
+    async def candidate_at(self, tenant: str, conversation: str, seq: int) -> Candidate | None:
+        """The record at ``seq`` and the membership version its commit froze."""
         rows = await self._cql.read("hist.get", (tenant, conversation, seq // HISTORY_BUCKET, seq))
-        return history_record(tenant, conversation, rows[0]) if rows else None
+        return _candidate(tenant, conversation, rows[0]) if rows else None
 
     def committed_writes(
-        self, record: MessageRecord, committed_ms: int, created_at_ms: int, now_ms: int
+        self,
+        record: MessageRecord,
+        reading_version: int,
+        committed_ms: int,
+        created_at_ms: int,
+        now_ms: int,
     ) -> tuple[list[tuple[str, Params]], tuple[str, Params]]:
         """What a commit (at ``committed_ms``) writes into history: the schedule
         and pin statements for the commit's batch, and the record's rewrite with
@@ -190,7 +208,10 @@ class History:
             writes.append(("pin.until", (t, c, seq // HISTORY_BUCKET, seq, expires, history_ttl)))
         else:
             writes.append(pin_removal(t, c, seq))
-        rewrite = ("hist.put_ttl", (*_values(record), expires, history_ttl, written_us))
+        # Every column again, the version too: a cell left without the TTL would
+        # keep the row alive after the record expired.
+        row = _values(record, reading_version)
+        rewrite = ("hist.put_ttl", (*row, expires, history_ttl, written_us))
         return writes, rewrite
 
     # --- reads -------------------------------------------------------------------
@@ -198,14 +219,13 @@ class History:
     async def page(self, query: HistoryQuery) -> HistoryPage:
         now = self._clock.now_ms()
         t, c = query.tenant, query.conversation
-        (is_member, statics), due, expiry, gaps = await asyncio.gather(
-            self._members.member_now(t, c, query.actor),
+        (intervals, statics), due, expiry, gaps = await asyncio.gather(
+            self._members.intervals_now(t, c, query.actor),
             self._cql.read("exp.due", (t, c, now, DUE_ENTRIES)),
             self._cql.read("exp.statics", (t, c)),
             self._cql.read("gap.list", (t, c)),
         )
-        if not is_member:
-            raise StoreForbidden("reader is not a member of the conversation")
+        reader = reader_of(intervals)
         last_seq = statics.last_seq
         floor = await self.floor(t, c, now, due, expiry[0] if expiry else None)
         if query.direction is Direction.FORWARD:
@@ -216,7 +236,12 @@ class History:
         records, boundary = await self._fetch(query, lo, hi)
         abandoned = [int(g["seq"]) for g in gaps if g.get("seq") is not None]
         page = build_page(
-            query, records, available_from_seq=floor, last_seq=last_seq, abandoned=abandoned
+            query,
+            records,
+            reader=reader,
+            available_from_seq=floor,
+            last_seq=last_seq,
+            abandoned=abandoned,
         )
         if boundary and not page.next_anchor:
             page = dataclasses.replace(page, next_anchor=boundary)
@@ -265,14 +290,12 @@ class History:
                 start = int(rows[-1]["seq"]) + 1
         return hi
 
-    async def _fetch(
-        self, query: HistoryQuery, lo: int, hi: int
-    ) -> tuple[list[MessageRecord], int]:
+    async def _fetch(self, query: HistoryQuery, lo: int, hi: int) -> tuple[list[Candidate], int]:
         """Up to limit + 1 records in page order within [lo, hi], bucket by
         bucket; the boundary to continue from if the bucket cap stopped it."""
         forward = query.direction is Direction.FORWARD
         want = query.limit + 1
-        found: list[MessageRecord] = []
+        found: list[Candidate] = []
         if lo > hi:
             return found, 0
         first, last = lo // HISTORY_BUCKET, hi // HISTORY_BUCKET
@@ -291,7 +314,7 @@ class History:
                 "hist.forward" if forward else "hist.backward",
                 (query.tenant, query.conversation, bucket, b_lo, b_hi, want - len(found)),
             )
-            found.extend(history_record(query.tenant, query.conversation, row) for row in rows)
+            found.extend(_candidate(query.tenant, query.conversation, row) for row in rows)
             if len(found) >= want:
                 break
         return found, 0

@@ -193,6 +193,13 @@ class ScyllaMembershipStore(MembershipStore):
             return (), found
         return intervals_of(row, found.floor), found
 
+    async def intervals_now(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[rules.Intervals, Statics]:
+        """``user``'s intervals (() when never a member) and the statics, in
+        ``member_now``'s reads. StoreNotFound without the conversation."""
+        return await self._intervals_of(tenant, conversation, user)
+
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         try:
             member, statics = await self.member_now(tenant, conversation, user)

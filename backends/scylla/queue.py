@@ -57,6 +57,7 @@ def bookkeeping(
     record: MessageRecord,
     key: CommitKey,
     *,
+    reading_version: int,
     committed_ms: int,
     created_ms: int,
     due_ms: int,
@@ -66,7 +67,9 @@ def bookkeeping(
     """What a commit leaves to write after its commit-mark: the record's expiry,
     the retention schedule and pin, the recovery entries; and the record's rewrite
     on its own when it is too large for the batch (else None: it is in the batch)."""
-    writes, rewrite = history.committed_writes(record, committed_ms, created_ms, now_ms)
+    writes, rewrite = history.committed_writes(
+        record, reading_version, committed_ms, created_ms, now_ms
+    )
     writes += [
         recovery.entry_removal(key, due_ms),
         recovery.created_removal(key, created_ms),
@@ -176,14 +179,15 @@ class RecoveryQueue:
         """A commit whose bookkeeping batch never ran: write it now."""
         conversation = row.get("conversation") or entry.conversation or ""
         seq = int(row.get("seq") or 0)
-        record = await self._history.at(entry.tenant, conversation, seq)
-        if record is None or record.message_id != row.get("message_id"):
+        found = await self._history.candidate_at(entry.tenant, conversation, seq)
+        if found is None or found[0].message_id != row.get("message_id"):
             await self._rows.quietly([self._recovery.entry_removal(entry.key, entry.due_ms)])
             return
         committed_ms = int(row.get("expires_at_ms") or 0) - self._settings.idempotency_window_ms
+        record, version = found
         await self.finish(
-            record, entry.key, committed_ms=committed_ms, created_ms=entry.created_at_ms,
-            due_ms=entry.due_ms, quarantined=False,
+            record, entry.key, reading_version=version, committed_ms=committed_ms,
+            created_ms=entry.created_at_ms, due_ms=entry.due_ms, quarantined=False,
         )  # fmt: skip
 
     async def finish(
@@ -191,6 +195,7 @@ class RecoveryQueue:
         record: MessageRecord,
         key: CommitKey,
         *,
+        reading_version: int,
         committed_ms: int,
         created_ms: int,
         due_ms: int,
@@ -199,9 +204,9 @@ class RecoveryQueue:
         """A commit's bookkeeping after its commit-mark (``bookkeeping``), best effort:
         what a failure leaves, the next scan finishes (``_repair``)."""
         writes, alone = bookkeeping(
-            self._history, self._recovery, record, key, committed_ms=committed_ms,
-            created_ms=created_ms, due_ms=due_ms, quarantined=quarantined,
-            now_ms=self._clock.now_ms(),
+            self._history, self._recovery, record, key, reading_version=reading_version,
+            committed_ms=committed_ms, created_ms=created_ms, due_ms=due_ms,
+            quarantined=quarantined, now_ms=self._clock.now_ms(),
         )  # fmt: skip
         if alone is None:
             await self._rows.quietly(writes)

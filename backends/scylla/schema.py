@@ -27,8 +27,9 @@ conversations       (tenant, conversation) /        static: membership version, 
                                                     short-lived seq reservations (kind 'r')
                                                     and abandoned seqs (kind 'g', TTL the
                                                     history retention)
-history             (tenant, conversation, bucket)  records, bucket = seq // 1000, by seq
-                    / seq
+history             (tenant, conversation, bucket)  records, bucket = seq // 1000, by seq, each
+                    / seq                           with the membership version its commit froze
+                                                    (schema 5; older rows: null, unknown)
 history_expiry      (tenant, conversation) /        when each committed seq leaves history, plus
                     expires_at_ms DESC, seq DESC    static registers; gives available_from_seq
 history_pins        (tenant, conversation, bucket)  seqs retention must not pass: unfinished
@@ -57,7 +58,7 @@ from backends.scylla import delivery_schema
 from service.domain.errors import StoreInvalid
 
 SCHEMA_SCOPE = "message_committer"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 HISTORY_BUCKET = 1000
 """Sequence numbers per history partition: bounded partitions, few reads per page."""
 
@@ -187,6 +188,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "mailbox entries carry their membership version",
         (),
         (Column("mailboxes", "membership_version", "bigint"),),
+    ),
+    Migration(
+        5,
+        "history records carry their membership version",
+        (),
+        (Column("history", "membership_version", "bigint"),),
     ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION

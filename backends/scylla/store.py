@@ -324,7 +324,10 @@ class ScyllaMessageStore(MessageStore):
             known = self._rows.remember(stored, row, recorded=False)
         # Known to be the stored intent: writing its record again is harmless at any
         # later state (the same values, with a timestamp older than the commit's).
-        await self._history.put(known.intent.record, known.intent.created_at_ms)
+        intent = known.intent
+        await self._history.put(
+            intent.record, intent.created_at_ms, intent.delivery.reading_version
+        )
         known.recorded = True
 
     async def mark_outbox_published(
@@ -419,8 +422,8 @@ class ScyllaMessageStore(MessageStore):
 
     async def _finish(self, intent: CommitIntent, committed_ms: int, known: Known | None) -> None:
         await self._queue.finish(
-            intent.record, intent.key, committed_ms=committed_ms,
-            created_ms=intent.created_at_ms,
+            intent.record, intent.key, reading_version=intent.delivery.reading_version,
+            committed_ms=committed_ms, created_ms=intent.created_at_ms,
             due_ms=int((known.due_ms if known else None) or intent.created_at_ms),
             quarantined=known is not None and known.quarantined,
         )  # fmt: skip

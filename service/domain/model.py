@@ -123,6 +123,13 @@ class FrozenDeliveryInput:
     def by_reference(self) -> bool:
         return self.recipients is None
 
+    @property
+    def reading_version(self) -> int:
+        """The membership version that decides who reads the message (DESIGN §10,
+        ``mailbox.readable``): the version the delivery was frozen at; 0, unknown,
+        for a release-1 delivery (recipients frozen inline, not as a version)."""
+        return 0 if self.recipients is not None else self.membership_version
+
 
 @dataclass(frozen=True, slots=True)
 class ReserveCandidate:
@@ -310,7 +317,12 @@ class HistoryPage:
       permanent gap, unlike the other missing seqs, which may still fill.
     * ``last_seq``: the highest sequence number allocated so far.
     * ``next_anchor``: pass as ``anchor_seq`` for the next page; 0 when the
-      page reached the end in its direction.
+      page reached the end in its direction. Set on a page with no records
+      too, when every record it scanned was hidden.
+    * ``hidden_seqs``: the seqs within this page's span whose records exist
+      but were committed while the reader was not a member (DESIGN §10's
+      reading rule, ``service.domain.history``): never shown to this reader;
+      not a gap and not a loss.
     """
 
     conversation: str
@@ -323,6 +335,7 @@ class HistoryPage:
     next_anchor: int = 0
     truncated_by_bytes: bool = False
     abandoned_seqs: tuple[int, ...] = ()
+    hidden_seqs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ async def test_commit_compacts_the_intent_and_ttls_it_and_its_history_row(
     assert all(row[column] is None for column in BODY_COLUMNS)  # the body is dropped
     assert DAY_MS // 1000 <= row["ttl"] <= DAY_MS // 1000 + 60
 
-    await store._history.put(stalled.record, stalled.created_at_ms)  # lands after the commit
+    await store._history.put(stalled.record, stalled.created_at_ms, 0)  # lands after the commit
     history_rows = await store.cql.simple(
         "SELECT expires_at_ms, TTL(message_id) AS ttl FROM {ks}.history"
         " WHERE tenant = %s AND conversation = %s AND bucket = %s AND seq = %s",

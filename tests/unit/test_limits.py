@@ -118,12 +118,17 @@ def _record(seq: int, body: bytes) -> MessageRecord:
 
 def test_build_page_limits_and_anchors() -> None:
     q = HistoryQuery("t", "c", "a", Direction.FORWARD, 0, 2, 1 << 20)
-    page = build_page(q, [_record(i, b"x") for i in (1, 2, 3)], available_from_seq=1, last_seq=3)
+    member = (1,)  # a member since version 1: reads everything
+    page = build_page(
+        q, [(_record(i, b"x"), 1) for i in (1, 2, 3)], reader=member,
+        available_from_seq=1, last_seq=3,
+    )  # fmt: skip
     assert [r.seq for r in page.records] == [1, 2] and page.next_anchor == 2
     big = HistoryQuery("t", "c", "a", Direction.FORWARD, 0, 10, 1024)
     page = build_page(
-        big, [_record(1, b"x" * 5000), _record(2, b"y")], available_from_seq=1, last_seq=2
-    )
+        big, [(_record(1, b"x" * 5000), 1), (_record(2, b"y"), 1)], reader=member,
+        available_from_seq=1, last_seq=2,
+    )  # fmt: skip
     assert [r.seq for r in page.records] == [1] and page.truncated_by_bytes
-    empty = build_page(q, [], available_from_seq=1, last_seq=0)
+    empty = build_page(q, [], reader=member, available_from_seq=1, last_seq=0)
     assert empty.records == () and empty.next_anchor == 0
