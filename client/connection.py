@@ -239,7 +239,8 @@ class Supervisor:
             if hit:
                 rt._report(await rt._guarded(rt.store.apply_history(page)), "history")
                 return True
-            if not page.next_anchor or all(r.server_ts_ms < since for r in page.records):
+            older = bool(page.records) and all(r.server_ts_ms < since for r in page.records)
+            if not page.next_anchor or older:  # a page of hidden records only goes on
                 return False
             anchor = page.next_anchor
         return False

@@ -77,10 +77,12 @@ def backfill_done(page: HistoryPage, floor_seq: int, fetched: int, cap: int) -> 
     """Whether a backward backfill of one conversation can stop after ``page``:
     at the oldest available message, at the floor (the newest seq the store
     held before the rebuild, less an overlap for messages committed out of
-    order), or at the cap of messages fetched."""
-    if page.next_anchor == 0 or not page.records or fetched >= cap:
+    order), or at the cap of messages fetched. A page may hold no record and
+    still go on (``next_anchor``): every record it scanned was committed while
+    the user was not a member (``hidden_seqs``); the backfill goes past them."""
+    if page.next_anchor == 0 or fetched >= cap:
         return True
-    return min(r.seq for r in page.records) <= floor_seq
+    return page.next_anchor <= floor_seq
 
 
 def lanes_to_sync(known: Iterable[str]) -> list[str]:

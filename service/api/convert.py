@@ -211,6 +211,7 @@ def page_to_proto(page: HistoryPage) -> pb.HistoryPage:
         next_anchor=page.next_anchor,
         truncated_by_bytes=page.truncated_by_bytes,
         abandoned_seqs=page.abandoned_seqs,
+        hidden_seqs=page.hidden_seqs,
     )
 
 
@@ -226,4 +227,5 @@ def page_from_proto(msg: pb.HistoryPage) -> HistoryPage:
         next_anchor=msg.next_anchor,
         truncated_by_bytes=msg.truncated_by_bytes,
         abandoned_seqs=tuple(msg.abandoned_seqs),
+        hidden_seqs=tuple(msg.hidden_seqs),
     )

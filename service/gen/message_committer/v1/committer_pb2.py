@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$message_committer/v1/committer.proto\x12\x14message_committer.v1\"@\n\rBodyReference\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xb6\x01\n\x0eMessageContent\x12\x37\n\x0cmessage_type\x18\x01 \x01(\x0e\x32!.message_committer.v1.MessageType\x12\x13\n\x0b\x63ustom_type\x18\x02 \x01(\t\x12\x15\n\x0binline_body\x18\x03 \x01(\x0cH\x00\x12\x37\n\x08\x62ody_ref\x18\x04 \x01(\x0b\x32#.message_committer.v1.BodyReferenceH\x00\x42\x06\n\x04\x62ody\"\xcf\x01\n\x11\x41uthenticatedSend\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x04 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x05 \x01(\t\x12\x35\n\x07\x63ontent\x18\x06 \x01(\x0b\x32$.message_committer.v1.MessageContent\x12\x10\n\x08mentions\x18\x07 \x03(\t\x12\x10\n\x08reply_to\x18\x08 \x01(\t\"z\n\x10\x43ommittedMessage\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x02 \x01(\t\x12\x12\n\nmessage_id\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x14\n\x0cserver_ts_ms\x18\x05 \x01(\x03\"\x82\x02\n\rMessageRecord\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x07 \x01(\t\x12\x35\n\x07\x63ontent\x18\x08 \x01(\x0b\x32$.message_committer.v1.MessageContent\x12\x10\n\x08mentions\x18\t \x03(\t\x12\x10\n\x08reply_to\x18\n \x01(\t\x12\x14\n\x0cserver_ts_ms\x18\x0b \x01(\x03\"\xab\x02\n\x0bHistoryPage\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x32\n\tdirection\x18\x02 \x01(\x0e\x32\x1f.message_committer.v1.Direction\x12\x12\n\nanchor_seq\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x34\n\x07records\x18\x05 \x03(\x0b\x32#.message_committer.v1.MessageRecord\x12\x1a\n\x12\x61vailable_from_seq\x18\x06 \x01(\x04\x12\x10\n\x08last_seq\x18\x07 \x01(\x04\x12\x13\n\x0bnext_anchor\x18\x08 \x01(\x04\x12\x1a\n\x12truncated_by_bytes\x18\t \x01(\x08\x12\x16\n\x0e\x61\x62\x61ndoned_seqs\x18\n \x03(\x04\"F\n\rCommitRequest\x12\x35\n\x04send\x18\x01 \x01(\x0b\x32\'.message_committer.v1.AuthenticatedSend\"I\n\x0e\x43ommitResponse\x12\x37\n\x07message\x18\x01 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\"`\n\rResumeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x04 \x01(\t\"I\n\x0eResumeResponse\x12\x37\n\x07message\x18\x01 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\"N\n\x15ResumeExistingRequest\x12\x35\n\x04send\x18\x01 \x01(\x0b\x32\'.message_committer.v1.AuthenticatedSend\"\x7f\n\x16ResumeExistingResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x37\n\x07message\x18\x02 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\x12\x1d\n\x15idempotency_window_ms\x18\x03 \x01(\x03\"=\n\x11RecoverDueRequest\x12\x15\n\rolder_than_ms\x18\x01 \x01(\x03\x12\x11\n\tmax_items\x18\x02 \x01(\r\"]\n\x12RecoverDueResponse\x12\x11\n\trecovered\x18\x01 \x01(\r\x12\x0f\n\x07scanned\x18\x02 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\r\x12\x13\n\x0bquarantined\x18\x04 \x01(\r\"\xaf\x01\n\x0eHistoryRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x32\n\tdirection\x18\x04 \x01(\x0e\x32\x1f.message_committer.v1.Direction\x12\x12\n\nanchor_seq\x18\x05 \x01(\x04\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"B\n\x0fHistoryResponse\x12/\n\x04page\x18\x01 \x01(\x0b\x32!.message_committer.v1.HistoryPage*\xd5\x01\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_TYPE_TEXT\x10\x01\x12\x16\n\x12MESSAGE_TYPE_IMAGE\x10\x02\x12\x15\n\x11MESSAGE_TYPE_FILE\x10\x03\x12\x16\n\x12MESSAGE_TYPE_AUDIO\x10\x04\x12\x16\n\x12MESSAGE_TYPE_VIDEO\x10\x05\x12\x19\n\x15MESSAGE_TYPE_LOCATION\x10\x06\x12\x17\n\x13MESSAGE_TYPE_CUSTOM\x10\x07*U\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44IRECTION_BACKWARD\x10\x01\x12\x15\n\x11\x44IRECTION_FORWARD\x10\x02\x32\xe9\x03\n\x17MessageCommitterService\x12S\n\x06\x43ommit\x12#.message_committer.v1.CommitRequest\x1a$.message_committer.v1.CommitResponse\x12S\n\x06Resume\x12#.message_committer.v1.ResumeRequest\x1a$.message_committer.v1.ResumeResponse\x12k\n\x0eResumeExisting\x12+.message_committer.v1.ResumeExistingRequest\x1a,.message_committer.v1.ResumeExistingResponse\x12_\n\nRecoverDue\x12\'.message_committer.v1.RecoverDueRequest\x1a(.message_committer.v1.RecoverDueResponse\x12V\n\x07History\x12$.message_committer.v1.HistoryRequest\x1a%.message_committer.v1.HistoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$message_committer/v1/committer.proto\x12\x14message_committer.v1\"@\n\rBodyReference\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xb6\x01\n\x0eMessageContent\x12\x37\n\x0cmessage_type\x18\x01 \x01(\x0e\x32!.message_committer.v1.MessageType\x12\x13\n\x0b\x63ustom_type\x18\x02 \x01(\t\x12\x15\n\x0binline_body\x18\x03 \x01(\x0cH\x00\x12\x37\n\x08\x62ody_ref\x18\x04 \x01(\x0b\x32#.message_committer.v1.BodyReferenceH\x00\x42\x06\n\x04\x62ody\"\xcf\x01\n\x11\x41uthenticatedSend\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x04 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x05 \x01(\t\x12\x35\n\x07\x63ontent\x18\x06 \x01(\x0b\x32$.message_committer.v1.MessageContent\x12\x10\n\x08mentions\x18\x07 \x03(\t\x12\x10\n\x08reply_to\x18\x08 \x01(\t\"z\n\x10\x43ommittedMessage\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x02 \x01(\t\x12\x12\n\nmessage_id\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x14\n\x0cserver_ts_ms\x18\x05 \x01(\x03\"\x82\x02\n\rMessageRecord\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x07 \x01(\t\x12\x35\n\x07\x63ontent\x18\x08 \x01(\x0b\x32$.message_committer.v1.MessageContent\x12\x10\n\x08mentions\x18\t \x03(\t\x12\x10\n\x08reply_to\x18\n \x01(\t\x12\x14\n\x0cserver_ts_ms\x18\x0b \x01(\x03\"\xc0\x02\n\x0bHistoryPage\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x32\n\tdirection\x18\x02 \x01(\x0e\x32\x1f.message_committer.v1.Direction\x12\x12\n\nanchor_seq\x18\x03 \x01(\x04\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\x12\x34\n\x07records\x18\x05 \x03(\x0b\x32#.message_committer.v1.MessageRecord\x12\x1a\n\x12\x61vailable_from_seq\x18\x06 \x01(\x04\x12\x10\n\x08last_seq\x18\x07 \x01(\x04\x12\x13\n\x0bnext_anchor\x18\x08 \x01(\x04\x12\x1a\n\x12truncated_by_bytes\x18\t \x01(\x08\x12\x16\n\x0e\x61\x62\x61ndoned_seqs\x18\n \x03(\x04\x12\x13\n\x0bhidden_seqs\x18\x0b \x03(\x04\"F\n\rCommitRequest\x12\x35\n\x04send\x18\x01 \x01(\x0b\x32\'.message_committer.v1.AuthenticatedSend\"I\n\x0e\x43ommitResponse\x12\x37\n\x07message\x18\x01 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\"`\n\rResumeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x19\n\x11\x63lient_message_id\x18\x03 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x04 \x01(\t\"I\n\x0eResumeResponse\x12\x37\n\x07message\x18\x01 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\"N\n\x15ResumeExistingRequest\x12\x35\n\x04send\x18\x01 \x01(\x0b\x32\'.message_committer.v1.AuthenticatedSend\"\x7f\n\x16ResumeExistingResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x37\n\x07message\x18\x02 \x01(\x0b\x32&.message_committer.v1.CommittedMessage\x12\x1d\n\x15idempotency_window_ms\x18\x03 \x01(\x03\"=\n\x11RecoverDueRequest\x12\x15\n\rolder_than_ms\x18\x01 \x01(\x03\x12\x11\n\tmax_items\x18\x02 \x01(\r\"]\n\x12RecoverDueResponse\x12\x11\n\trecovered\x18\x01 \x01(\r\x12\x0f\n\x07scanned\x18\x02 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\r\x12\x13\n\x0bquarantined\x18\x04 \x01(\r\"\xaf\x01\n\x0eHistoryRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0c\x63onversation\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x32\n\tdirection\x18\x04 \x01(\x0e\x32\x1f.message_committer.v1.Direction\x12\x12\n\nanchor_seq\x18\x05 \x01(\x04\x12\r\n\x05limit\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"B\n\x0fHistoryResponse\x12/\n\x04page\x18\x01 \x01(\x0b\x32!.message_committer.v1.HistoryPage*\xd5\x01\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_TYPE_TEXT\x10\x01\x12\x16\n\x12MESSAGE_TYPE_IMAGE\x10\x02\x12\x15\n\x11MESSAGE_TYPE_FILE\x10\x03\x12\x16\n\x12MESSAGE_TYPE_AUDIO\x10\x04\x12\x16\n\x12MESSAGE_TYPE_VIDEO\x10\x05\x12\x19\n\x15MESSAGE_TYPE_LOCATION\x10\x06\x12\x17\n\x13MESSAGE_TYPE_CUSTOM\x10\x07*U\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44IRECTION_BACKWARD\x10\x01\x12\x15\n\x11\x44IRECTION_FORWARD\x10\x02\x32\xe9\x03\n\x17MessageCommitterService\x12S\n\x06\x43ommit\x12#.message_committer.v1.CommitRequest\x1a$.message_committer.v1.CommitResponse\x12S\n\x06Resume\x12#.message_committer.v1.ResumeRequest\x1a$.message_committer.v1.ResumeResponse\x12k\n\x0eResumeExisting\x12+.message_committer.v1.ResumeExistingRequest\x1a,.message_committer.v1.ResumeExistingResponse\x12_\n\nRecoverDue\x12\'.message_committer.v1.RecoverDueRequest\x1a(.message_committer.v1.RecoverDueResponse\x12V\n\x07History\x12$.message_committer.v1.HistoryRequest\x1a%.message_committer.v1.HistoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'service.gen.message_committer.v1.committer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MESSAGETYPE']._serialized_start=2144
-  _globals['_MESSAGETYPE']._serialized_end=2357
-  _globals['_DIRECTION']._serialized_start=2359
-  _globals['_DIRECTION']._serialized_end=2444
+  _globals['_MESSAGETYPE']._serialized_start=2165
+  _globals['_MESSAGETYPE']._serialized_end=2378
+  _globals['_DIRECTION']._serialized_start=2380
+  _globals['_DIRECTION']._serialized_end=2465
   _globals['_BODYREFERENCE']._serialized_start=62
   _globals['_BODYREFERENCE']._serialized_end=126
   _globals['_MESSAGECONTENT']._serialized_start=129
@@ -46,27 +46,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGERECORD']._serialized_start=648
   _globals['_MESSAGERECORD']._serialized_end=906
   _globals['_HISTORYPAGE']._serialized_start=909
-  _globals['_HISTORYPAGE']._serialized_end=1208
-  _globals['_COMMITREQUEST']._serialized_start=1210
-  _globals['_COMMITREQUEST']._serialized_end=1280
-  _globals['_COMMITRESPONSE']._serialized_start=1282
-  _globals['_COMMITRESPONSE']._serialized_end=1355
-  _globals['_RESUMEREQUEST']._serialized_start=1357
-  _globals['_RESUMEREQUEST']._serialized_end=1453
-  _globals['_RESUMERESPONSE']._serialized_start=1455
-  _globals['_RESUMERESPONSE']._serialized_end=1528
-  _globals['_RESUMEEXISTINGREQUEST']._serialized_start=1530
-  _globals['_RESUMEEXISTINGREQUEST']._serialized_end=1608
-  _globals['_RESUMEEXISTINGRESPONSE']._serialized_start=1610
-  _globals['_RESUMEEXISTINGRESPONSE']._serialized_end=1737
-  _globals['_RECOVERDUEREQUEST']._serialized_start=1739
-  _globals['_RECOVERDUEREQUEST']._serialized_end=1800
-  _globals['_RECOVERDUERESPONSE']._serialized_start=1802
-  _globals['_RECOVERDUERESPONSE']._serialized_end=1895
-  _globals['_HISTORYREQUEST']._serialized_start=1898
-  _globals['_HISTORYREQUEST']._serialized_end=2073
-  _globals['_HISTORYRESPONSE']._serialized_start=2075
-  _globals['_HISTORYRESPONSE']._serialized_end=2141
-  _globals['_MESSAGECOMMITTERSERVICE']._serialized_start=2447
-  _globals['_MESSAGECOMMITTERSERVICE']._serialized_end=2936
+  _globals['_HISTORYPAGE']._serialized_end=1229
+  _globals['_COMMITREQUEST']._serialized_start=1231
+  _globals['_COMMITREQUEST']._serialized_end=1301
+  _globals['_COMMITRESPONSE']._serialized_start=1303
+  _globals['_COMMITRESPONSE']._serialized_end=1376
+  _globals['_RESUMEREQUEST']._serialized_start=1378
+  _globals['_RESUMEREQUEST']._serialized_end=1474
+  _globals['_RESUMERESPONSE']._serialized_start=1476
+  _globals['_RESUMERESPONSE']._serialized_end=1549
+  _globals['_RESUMEEXISTINGREQUEST']._serialized_start=1551
+  _globals['_RESUMEEXISTINGREQUEST']._serialized_end=1629
+  _globals['_RESUMEEXISTINGRESPONSE']._serialized_start=1631
+  _globals['_RESUMEEXISTINGRESPONSE']._serialized_end=1758
+  _globals['_RECOVERDUEREQUEST']._serialized_start=1760
+  _globals['_RECOVERDUEREQUEST']._serialized_end=1821
+  _globals['_RECOVERDUERESPONSE']._serialized_start=1823
+  _globals['_RECOVERDUERESPONSE']._serialized_end=1916
+  _globals['_HISTORYREQUEST']._serialized_start=1919
+  _globals['_HISTORYREQUEST']._serialized_end=2094
+  _globals['_HISTORYRESPONSE']._serialized_start=2096
+  _globals['_HISTORYRESPONSE']._serialized_end=2162
+  _globals['_MESSAGECOMMITTERSERVICE']._serialized_start=2468
+  _globals['_MESSAGECOMMITTERSERVICE']._serialized_end=2957
 # @@protoc_insertion_point(module_scope)

@@ -352,6 +352,7 @@ class HistoryPage(_message.Message):
     NEXT_ANCHOR_FIELD_NUMBER: _builtins.int
     TRUNCATED_BY_BYTES_FIELD_NUMBER: _builtins.int
     ABANDONED_SEQS_FIELD_NUMBER: _builtins.int
+    HIDDEN_SEQS_FIELD_NUMBER: _builtins.int
     conversation: _builtins.str
     """The conversation read."""
     direction: Global___Direction.ValueType
@@ -368,7 +369,8 @@ class HistoryPage(_message.Message):
     """The highest sequence number allocated in the conversation so far."""
     next_anchor: _builtins.int
     """Pass as anchor_seq to read the next page; 0 when this page reached the
-    end in its direction.
+    end in its direction. A page may have no records and still a next_anchor:
+    every record it scanned was hidden (hidden_seqs).
     """
     truncated_by_bytes: _builtins.bool
     """True when the page stopped early because of max_bytes."""
@@ -381,6 +383,16 @@ class HistoryPage(_message.Message):
         """The missing sequence numbers within this page's span that will never be
         recorded: an operator abandoned their quarantined intent. A permanent gap,
         unlike any other missing sequence number, which may still fill.
+        """
+
+    @_builtins.property
+    def hidden_seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The sequence numbers within this page's span whose records exist but were
+        committed while the reader was not a member (before it joined, or while it
+        was removed): History, like every mailbox lane, shows a reader only what
+        was committed while it was a member. Never shown to this reader; not a gap
+        and not a loss. Records the server stored before it knew their membership
+        version are shown to the conversation's members now.
         """
 
     def __init__(
@@ -396,10 +408,11 @@ class HistoryPage(_message.Message):
         next_anchor: _builtins.int = ...,
         truncated_by_bytes: _builtins.bool = ...,
         abandoned_seqs: _abc.Iterable[_builtins.int] | None = ...,
+        hidden_seqs: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned_seqs", b"abandoned_seqs", "anchor_seq", b"anchor_seq", "available_from_seq", b"available_from_seq", "conversation", b"conversation", "direction", b"direction", "last_seq", b"last_seq", "max_bytes", b"max_bytes", "next_anchor", b"next_anchor", "records", b"records", "truncated_by_bytes", b"truncated_by_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned_seqs", b"abandoned_seqs", "anchor_seq", b"anchor_seq", "available_from_seq", b"available_from_seq", "conversation", b"conversation", "direction", b"direction", "hidden_seqs", b"hidden_seqs", "last_seq", b"last_seq", "max_bytes", b"max_bytes", "next_anchor", b"next_anchor", "records", b"records", "truncated_by_bytes", b"truncated_by_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -658,7 +671,10 @@ class HistoryRequest(_message.Message):
     conversation: _builtins.str
     """The conversation to read."""
     actor: _builtins.str
-    """The user reading; must be a member of the conversation."""
+    """The user reading; must be or have been a member of the conversation
+    (PERMISSION_DENIED otherwise). It reads the records committed while it
+    was a member.
+    """
     direction: Global___Direction.ValueType
     """The direction to walk in; unset means backward (newest first)."""
     anchor_seq: _builtins.int
