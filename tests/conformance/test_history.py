@@ -12,11 +12,13 @@ from service.domain.faults import FaultPoint, InjectedCrash
 from service.domain.model import (
     BodyReference,
     Direction,
+    FrozenDeliveryInput,
     HistoryQuery,
     MessageContent,
     MessageType,
+    ReserveCandidate,
 )
-from service.domain.ports import Backend, StoreSettings, SystemClock
+from service.domain.ports import Backend, ManualClock, StoreSettings, SystemClock
 from tests.conformance.harness import Harness
 from tests.support import committer, conversation, send, text, unique
 
@@ -119,8 +121,42 @@ async def test_non_members_and_unknown_conversations_cannot_read(harness: Harnes
     with pytest.raises(ConversationNotFound):  # same ids, other tenant: another conversation
         await c.history(HistoryQuery(unique("t"), "c1", "bob"))
     await backend.membership.remove_members(tenant, "c1", ["bob"])
-    with pytest.raises(NotAMember):
-        await c.history(HistoryQuery(tenant, "c1", "bob"))
+    await c.commit_send(send(tenant, content=text("after bob left")))
+    gone = await c.history(HistoryQuery(tenant, "c1", "bob"))  # removed, not refused:
+    assert [r.seq for r in gone.records] == [1]  # it reads its own time
+    assert gone.hidden_seqs == (2,)
+
+
+async def test_records_keep_the_membership_version_their_commit_froze(harness: Harness) -> None:
+    """What the reading rule (``mailbox.readable``) judges a History reader by, on
+    every backend: the version of a by-reference delivery, also for a record that
+    recovery wrote; a release-1 delivery (recipients inline) is unknown (0),
+    readable by the members now."""
+    clock = ManualClock()
+    backend = await harness.open(clock=clock)
+    tenant = unique("t")
+    await conversation(backend, tenant)  # alice and bob, version 1
+    c = committer(backend, clock)
+    await c.commit_send(send(tenant, content=text("v1")))  # seq 1
+    await backend.membership.add_members(tenant, "c1", ["carol"])  # version 2
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):  # seq 2, recorded by recovery
+        await c.commit_send(send(tenant, content=text("v2")))
+    clock.advance(120_000)
+    assert (await c.recover_due(clock.now_ms() - 30_000, 100)).committed == 1
+    inline = FrozenDeliveryInput(("alice", "bob", "carol"), 2)
+    candidate = ReserveCandidate("01a20000-0000-7000-8000-000000000003", clock.now_ms())
+    await c.commit(send(tenant, content=text("inline")), inline, candidate)  # seq 3
+    await backend.membership.remove_members(tenant, "c1", ["bob"])  # version 3
+    await c.commit_send(send(tenant, content=text("v3")))  # seq 4
+
+    async def read(user: str) -> tuple[list[int], list[int]]:
+        page = await backend.store.history_page(HistoryQuery(tenant, "c1", user))
+        return [r.seq for r in page.records], list(page.hidden_seqs)
+
+    assert await read("alice") == ([4, 3, 2, 1], [])
+    assert await read("carol") == ([4, 3, 2], [1])  # joined at 2; 3 unknown: a member now
+    assert await read("bob") == ([2, 1], [4, 3])  # left at 3; 3 unknown: not a member now
 
 
 async def test_history_expires_after_retention_and_reports_the_boundary(
