@@ -124,6 +124,9 @@ def test_backfill_stops_at_the_floor_the_start_or_the_cap() -> None:
     assert backfill_done(hp([3, 2], 0), floor_seq=0, fetched=2, cap=100)
     assert backfill_done(hp([50, 49], 49), floor_seq=0, fetched=100, cap=100)
     assert backfill_done(hp([], 0), floor_seq=0, fetched=0, cap=100)
+    # A page of records the user may not read (hidden) goes on past them, to the floor.
+    assert not backfill_done(hp([], 29), floor_seq=10, fetched=0, cap=100)
+    assert backfill_done(hp([], 9), floor_seq=10, fetched=0, cap=100)
 
 
 def test_lanes_sync_inbox_first() -> None:

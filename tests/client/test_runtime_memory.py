@@ -384,3 +384,38 @@ async def _lane_head(c: Any, user: str, head: int) -> bool:
 async def _lane_cursor_at(client: Client, lane: str, seq: int) -> bool:
     cursor = await client.rt.store.cursor(lane)
     return cursor is not None and cursor.seq == seq
+
+
+@pytest.mark.server(mailbox_max_entries=4, relay_batch=1)
+async def test_a_late_joiners_rebuild_backfills_only_what_it_may_read(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    """History follows the one reading rule: dave joins "club" after three
+    messages, then is away while eight more trim his inbox past his cursor. His
+    REBUILD backfills the conversation's History, which now shows him only the
+    eight sent after he joined: before, the backfill stored the three sent
+    before too, messages never addressed to him."""
+    async with await admin(servers.target) as c:
+        await c.create_conversation(TENANT, "club", ["alice", "bob"])
+    alice = new_client("alice")
+    await alice.start()
+    for i in range(3):
+        await alice.send("club", f"before dave {i}")
+    await eventually(lambda: no_pending(alice))
+    async with await admin(servers.target) as c:
+        await c.add_members(TENANT, "club", ["dave"])
+    dave = new_client("dave")
+    await dave.start()
+    await eventually(lambda: _lane_cursor_at(dave, "inbox", 0))
+    await dave.crash()
+    for i in range(8):
+        await alice.send("club", f"while dave is away {i}")
+    await eventually(lambda: no_pending(alice))
+    await eventually(lambda: _expired_for(servers, "dave", ServerCursor("inbox", 1, 0)))
+    await dave.start()
+    await eventually(lambda: _count(dave, 8, "club"), 30)
+    assert any(isinstance(e, RebuildStarted) for e in dave.events)
+    local = [m.record.seq for m in await dave.rt.store.messages("club", limit=100)]
+    assert local == list(range(4, 12))  # not 1-3, sent before he joined
+    readable = await history(servers.target, "club", "dave")
+    assert [r.seq for r in readable] == local
