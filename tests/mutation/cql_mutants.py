@@ -179,16 +179,15 @@ CQL_MUTANTS: tuple[Mutant, ...] = (
         "scylla-history-no-member-check", "authorisation",
         "history pages are served to non-members",
         HISTORY,
-        "        if not is_member:\n"
-        '            raise StoreForbidden("reader is not a member of the conversation")\n',
-        "",
+        "        reader = reader_of(intervals)\n",
+        "        reader = intervals or (1,)\n",
     ),
     _cql(
         "scylla-member-now-next-user", "authorisation",
         "the membership point lookup takes the next user's row for the asked one",
         MEMBERS,
         '        if row.get("kind") != "m" or row.get("name") != user:\n'
-        "            return False, found\n",
+        "            return (), found\n",
         "",
     ),
     _cql(

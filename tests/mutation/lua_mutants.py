@@ -71,7 +71,7 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
     _lua(
         "lua-has-record-always", "ACK",
         "has_record() says yes without looking at history",
-        COMMITS, "  return at[1] == member", "  return true",
+        COMMITS, "  return bare_member(at[1]) == member", "  return true",
     ),
     # --- reserve -------------------------------------------------------------------------
     _lua(
@@ -164,7 +164,8 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
     _lua(
         "lua-append-no-record-check", "ACK",
         "the pipelined outbox append publishes an intent whose record is not in history",
-        COMMITS, "if at[1] ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end\n",
+        COMMITS,
+        "if bare_member(at[1]) ~= c[2] .. ':' .. c[4] then return {'conflict', 'record'} end\n",
     ),
     _lua(
         "lua-commit-po-no-state-check", "ACK",
@@ -291,7 +292,8 @@ LUA_MUTANTS: tuple[Mutant, ...] = (
         "lua-history-no-member-check", "authorisation",
         "history pages are served to non-members",
         HISTORY,
-        "if not iv_is_member(redis.call('HGET', KEYS[3], ARGV[3])) then return {'forbidden'} end\n",
+        "if not reader or reader == '' then return {'forbidden'} end\n",
+        "if not reader or reader == '' then reader = '1' end\n",
     ),
     _lua(
         "lua-history-no-conversation-check", "authorisation",

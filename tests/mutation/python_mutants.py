@@ -41,8 +41,8 @@ PYTHON_MUTANTS: tuple[Mutant, ...] = (
     _py(
         "memory-history-no-member-check", "authorisation",
         "history pages are served to non-members",
-        MEMORY, "        if not rules.is_member(conv.intervals.get(query.actor, ())):",
-        "        if False:",
+        MEMORY, "        reader = reader_of(conv.intervals.get(query.actor, ()))",
+        "        reader = conv.intervals.get(query.actor, ()) or (1,)",
     ),
     _py(
         "drive-store-error-acks", "ACK",
