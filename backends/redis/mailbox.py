@@ -310,7 +310,7 @@ class RedisMailboxStore(MailboxStore):
         replication: Replication | None = None,
     ) -> None:
         self._calls = calls
-        self._settings = settings.validate()
+        self.settings = settings.validate()
         self._replication = replication
         self._key_cache: dict[Mailbox, MailboxKeys] = {}
 
@@ -325,7 +325,7 @@ class RedisMailboxStore(MailboxStore):
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
         """One script per shard (at most ``PER_CALL`` mailboxes each), all pipelined;
         a record is sent once per call, each mailbox names the records it gets."""
-        s = self._settings
+        s = self.settings
         head = [*self._calls.head(), fence.partition, fence.token, s.retention_ms, s.max_entries]
         by_shard: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
@@ -401,7 +401,7 @@ class RedisMailboxStore(MailboxStore):
         an idle lane never serves what it should no longer hold)."""
         k = self._keys(mailbox)
         keys = [k.identity, k.meta, k.entries, k.groups]
-        args = [after_seq, limit, self._settings.retention_ms]
+        args = [after_seq, limit, self.settings.retention_ms]
         for retained in range(STALE_RETAINS + 1):
             word, rest = await self._calls.run(READ, keys, args, write=False)
             if word != b"ok" or len(rest) != 5 or not isinstance(rest[3], list):
@@ -413,7 +413,7 @@ class RedisMailboxStore(MailboxStore):
         return LaneRead(_state(rest), entries)
 
     async def _retain(self, mailbox: Mailbox) -> None:
-        s = self._settings
+        s = self.settings
         await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries])
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:

@@ -120,7 +120,7 @@ def _entry(tenant: str, row: Row) -> MailboxEntry:
 class ScyllaMailboxStore(MailboxStore):
     def __init__(self, cql: CqlSession, settings: MailboxSettings, clock: Clock) -> None:
         self._cql = cql
-        self._settings = settings.validate()
+        self.settings = settings.validate()
         self._clock = clock
         self._limit = asyncio.Semaphore(CONCURRENCY)
 
@@ -199,7 +199,7 @@ class ScyllaMailboxStore(MailboxStore):
         through: int | None = None,
     ) -> tuple[int, int | None, list[tuple[str, tuple[object, ...]]]]:
         """(watermark, first_ms, the deletes) retention (or ``through``) asks for."""
-        s = self._settings
+        s = self.settings
         due = through is not None or state.head - state.watermark > s.max_entries
         if not due and (first_ms is None or first_ms > now - s.retention_ms):
             return state.watermark, first_ms, []
@@ -238,7 +238,7 @@ class ScyllaMailboxStore(MailboxStore):
             rows = await self._cql.read("mb.entries", (*key, after_seq, limit))
             statics = rows[:1] or await self._cql.read("mb.statics", key)
             first_ms = _state(statics[0] if statics else None)[3]
-            oldest_kept = self._clock.now_ms() - self._settings.retention_ms
+            oldest_kept = self._clock.now_ms() - self.settings.retention_ms
             stale = first_ms is not None and first_ms <= oldest_kept
             if not stale or retained == STALE_RETAINS:
                 break

@@ -34,10 +34,21 @@ class MailboxSettings:
     """Entries appended longer ago than this are trimmed (the watermark moves)."""
     max_entries: int = 10_000
     """A lane keeps at most this many entries; older groups are trimmed."""
+    dedupe_window_ms: int = 86_400_000
+    """How long a lane remembers the message id of an entry trimmed by count (or
+    by hand) after its group was appended, so a redelivery is still deduped;
+    the relay and requeue refuse messages older than the window
+    (``service.domain.mailbox.dedupe_cut``, ``too_old_to_deliver``)."""
+
+    @property
+    def dedupe_ms(self) -> int:
+        """The window in force: never longer than retention (an age trim forgets
+        the ids of what it trims)."""
+        return min(self.dedupe_window_ms, self.retention_ms)
 
     def validate(self) -> MailboxSettings:
-        if self.retention_ms <= 0 or self.max_entries <= 0:
-            raise ValueError("mailbox retention and size must be positive")
+        if self.retention_ms <= 0 or self.max_entries <= 0 or self.dedupe_window_ms <= 0:
+            raise ValueError("mailbox retention, size and dedupe window must be positive")
         return self
 
 
@@ -93,6 +104,10 @@ class AppendNotReplicated(StoreNotReplicated):
 
 class MailboxStore(abc.ABC):
     """Per-mailbox lanes with gap-free seqs, dedupe by message id and fencing."""
+
+    settings: MailboxSettings
+    """Retention and the dedupe window the store trims by (the relay refuses what
+    the window no longer covers)."""
 
     @abc.abstractmethod
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:

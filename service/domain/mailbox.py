@@ -314,3 +314,50 @@ def trim_cut(
             break
         cut = end
     return cut
+
+
+def dedupe_cut(
+    dedupe_mark: int,
+    watermark: int,
+    group_ends: Sequence[tuple[int, int]],
+    *,
+    now_ms: int,
+    window_ms: int,
+) -> int:
+    """The new dedupe mark (>= ``dedupe_mark``): the highest seq whose message id
+    the lane forgets.
+
+    A lane remembers the message id of every entry it holds and, after a trim
+    (by count or by hand), of every trimmed entry whose group was appended less
+    than ``window_ms`` ago: a redelivery within the window is still deduped
+    (``too_old_to_deliver`` refuses the rest). ``group_ends`` are (last seq,
+    appended ms) of the groups above ``dedupe_mark``, in seq order; the ids of
+    whole groups at or below ``watermark`` appended at or before ``now -
+    window`` go, oldest first.
+    """
+    cut = dedupe_mark
+    for end, appended in group_ends:
+        if end > watermark or appended > now_ms - window_ms:
+            break
+        cut = end
+    return cut
+
+
+MAX_REFUSAL_MARGIN_MS = 3_600_000
+"""At most this much of the dedupe window is kept as the margin of
+``too_old_to_deliver`` (a tenth of it when that is less)."""
+
+
+def refusal_margin_ms(window_ms: int) -> int:
+    """What ``too_old_to_deliver`` keeps back from the window: it covers the time
+    between the relay's check and the append, and the skew between the clocks
+    that stamp a record (commit) and a group (append) and that trim."""
+    return min(MAX_REFUSAL_MARGIN_MS, window_ms // 10)
+
+
+def too_old_to_deliver(server_ts_ms: int, *, now_ms: int, window_ms: int) -> bool:
+    """True when a message committed at ``server_ts_ms`` must not be appended any
+    more: a lane may have held it and forgotten its id (``dedupe_cut``), so an
+    append could add it twice. A message younger than ``window - margin`` was
+    appended (if ever) at or after its commit, so its id is still remembered."""
+    return now_ms - server_ts_ms >= window_ms - refusal_margin_ms(window_ms)

@@ -292,3 +292,64 @@ async def test_the_conversation_index_lists_in_pages_and_forgets_removed(harness
     assert (rest, end) == (("c3",), "")
     assert (await d.index.conversations(tenant, "bob", "", 10))[0] == ("a:b", "c1", "c2", "c3")
     assert (await d.index.conversations(unique("t"), "alice", "", 10)) == ((), "")
+
+
+async def test_a_redelivery_after_a_count_trim_is_still_deduped(harness: Harness) -> None:
+    """Issue 23, item 8: the dedupe index was trimmed with the entries, so once a
+    lane had more than ``max_entries`` newer entries, a redelivery (reconcile,
+    requeue) of an early message was appended again. Now the ids of entries
+    trimmed by count stay for the dedupe window."""
+    clock = ManualClock()
+    settings = MailboxSettings(retention_ms=600_000, max_entries=2)
+    d = ports(await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings)))
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    for n in range(1, 6):  # one group each: 1-3 are trimmed by count
+        await d.mailbox.append([AppendRequest(box, items(tenant, n))], FENCE)
+    assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 5, 3)
+    (again,) = await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2, 6))], FENCE)
+    assert (again.added, again.duplicates, again.first_seq) == (1, 2, 6)
+    page = await d.mailbox.sync(box, MailboxCursor("inbox", 1, 4), 100, BIG_PAGE)
+    assert [e.record.seq for e in page.entries] == [5, 6]
+    held = await d.mailbox.contains([(box, ("m-c1-1", "m-c1-3", "m-c1-9"))])
+    assert held == [frozenset({"m-c1-1", "m-c1-3"})]
+
+
+DEDUPE_WINDOW_MS = 100_000
+
+
+@pytest.mark.parametrize(
+    ("later_ms", "remembered"),
+    [
+        (20_000, {1, 2, 3, 4, 5, 6}),  # 1-4 trimmed by count, inside the window
+        (DEDUPE_WINDOW_MS - 1, {1, 2, 3, 4, 5, 6}),
+        (DEDUPE_WINDOW_MS, {3, 4, 5, 6}),  # the group 1-2 is forgotten, whole
+        (DEDUPE_WINDOW_MS + 10_000, {4, 5, 6}),  # the group 3, ten seconds younger
+        (DEDUPE_WINDOW_MS + 20_000, {5, 6}),  # 4 goes as it is trimmed: it is as old
+    ],
+)
+async def test_the_ids_of_trimmed_groups_are_forgotten_when_the_window_passes(
+    harness: Harness, later_ms: int, remembered: set[int]
+) -> None:
+    """One case table for ``service.domain.mailbox.dedupe_cut`` on every backend (the
+    Redis script mirrors it): ids of trimmed groups go by age, a whole group at a
+    time, never those of an entry still held."""
+    clock = ManualClock()
+    settings = MailboxSettings(
+        retention_ms=600_000, max_entries=2, dedupe_window_ms=DEDUPE_WINDOW_MS
+    )
+    d = ports(await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings)))
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2))], FENCE)  # at 0
+    clock.advance(10_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 3))], FENCE)  # at 10 s
+    clock.advance(10_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 4))], FENCE)  # at 20 s: cut 1-2
+    await d.mailbox.append([AppendRequest(box, items(tenant, 5))], FENCE)  # cut 3
+    clock.advance(later_ms - 20_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 6))], FENCE)  # cut 4
+    ids = tuple(f"m-c1-{n}" for n in range(1, 7))
+    (held,) = await d.mailbox.contains([(box, ids)])
+    assert held == {f"m-c1-{n}" for n in remembered}
+    assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 6, 4)
