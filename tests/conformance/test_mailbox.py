@@ -152,7 +152,9 @@ async def test_cursors_below_the_watermark_of_another_epoch_or_ahead_expire(
         assert why in caught.value.why
     resumed = await d.mailbox.sync(box, MailboxCursor("inbox", 1, 3), 100, BIG_PAGE)
     assert [e.seq for e in resumed.entries] == [4, 5, 6] and resumed.trim_watermark == 3
-    assert await d.mailbox.contains([(box, ("m-c1-2", "m-c1-5"))]) == [frozenset({"m-c1-5"})]
+    # a trim by hand, like one by count, keeps the ids for the dedupe window
+    held = await d.mailbox.contains([(box, ("m-c1-2", "m-c1-5", "m-c1-7"))])
+    assert held == [frozenset({"m-c1-2", "m-c1-5"})]
 
 
 async def test_a_new_epoch_starts_empty_from_seq_1_and_keeps_the_fences(harness: Harness) -> None:
