@@ -17,8 +17,15 @@ key                    type     what
                                 record form)
 ``B:mg:M``             zset     groups: score the group's last seq, member
                                 ``<last seq>:<appended ms>``
-``B:mi:M``             hash     encoded message id -> seq (the dedupe)
+``B:mi:M``             hash     encoded message id -> seq (the dedupe): every entry
+                                kept, and every trimmed one still in the dedupe window
+``B:mx:M``             zset     trimmed entries whose ids ``B:mi:M`` still holds:
+                                score seq, member encoded message id
 =====================  =======  ===================================================
+
+The meta's ``x`` is the dedupe mark (``service.domain.mailbox.dedupe_cut``): the
+highest seq whose id the lane forgot. ``B:mg:M`` keeps the groups between ``x``
+and the watermark (trimmed, ids remembered) until the window passes them.
 
 ``APPEND`` handles the mailboxes of one shard in one script call (each one
 all or nothing): it checks the fence first (an older token than one seen:
@@ -76,17 +83,17 @@ local function group_end(member)
   local e, t = string.match(member, '^(%d+):(%d+)$')
   return tonumber(e), tonumber(t)
 end
--- Trim whole groups up to cut (>= w): entries, their dedupe ids, the groups.
-local function trim_to(meta, entries, groups, ids, w, cut)
+-- Trim whole groups up to cut (>= w): the entries go, their dedupe ids and groups
+-- stay (the ids listed in trimmed) until forget drops them.
+local function trim_to(meta, entries, groups, trimmed, w, cut)
   if cut <= w then return w end
   local gone = redis.call('ZRANGE', entries, '-inf', cut, 'BYSCORE')
   for _, member in ipairs(gone) do
-    local mid = string.match(member, '^%d+:%d+:%d+:%d+:[^:]*:([^:]*):')
-    if mid then redis.call('HDEL', ids, mid) end
+    local seq, mid = string.match(member, '^(%d+):%d+:%d+:%d+:[^:]*:([^:]*):')
+    if mid then redis.call('ZADD', trimmed, seq, mid) end
   end
   redis.call('ZREMRANGEBYSCORE', entries, '-inf', cut)
-  redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
-  local oldest = redis.call('ZRANGE', groups, 0, 0)
+  local oldest = redis.call('ZRANGE', groups, '(' .. cut, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
   if oldest[1] then
     local _, first = group_end(oldest[1])
     redis.call('HSET', meta, 'w', cut, 't', first)
@@ -96,12 +103,40 @@ local function trim_to(meta, entries, groups, ids, w, cut)
   end
   return cut
 end
+-- service.domain.mailbox.dedupe_cut: forget the ids of whole trimmed groups (at or
+-- below w) appended at or before now - window.
+local function forget(meta, groups, ids, trimmed, w, window)
+  local x = tonumber(redis.call('HGET', meta, 'x') or '0')
+  if x >= w then return end
+  local ends = redis.call('ZRANGE', groups, '(' .. x, w, 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
+  if not ends[1] then  -- nothing trimmed is remembered (a lane from before the window)
+    redis.call('HSET', meta, 'x', w)
+    return
+  end
+  local cut = x
+  for _, member in ipairs(ends) do
+    local e, t = group_end(member)
+    if e > w or t > now - window then break end
+    cut = e
+  end
+  if cut <= x then return end
+  for _, mid in ipairs(redis.call('ZRANGE', trimmed, '-inf', cut, 'BYSCORE')) do
+    redis.call('HDEL', ids, mid)
+  end
+  redis.call('ZREMRANGEBYSCORE', trimmed, '-inf', cut)
+  redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
+  redis.call('HSET', meta, 'x', cut)
+end
 -- service.domain.mailbox.trim_cut: too old or too many, whole groups. ``t`` in the
 -- meta is the oldest kept group's append time, so a lane with nothing to trim
 -- costs no group read.
-local function retain(meta, entries, groups, ids, head, w, retention, max_entries)
+local function retain(meta, entries, groups, ids, trimmed, head, w, retention, max_entries,
+    window)
   local first = tonumber(redis.call('HGET', meta, 't') or '-1')
-  if head - w <= max_entries and (first < 0 or first > now - retention) then return w end
+  if head - w <= max_entries and (first < 0 or first > now - retention) then
+    forget(meta, groups, ids, trimmed, w, window)
+    return w
+  end
   local ends = redis.call('ZRANGE', groups, '(' .. w, '+inf', 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
   local cut = w
   for _, member in ipairs(ends) do
@@ -109,7 +144,9 @@ local function retain(meta, entries, groups, ids, head, w, retention, max_entrie
     if not (t <= now - retention or (head - cut > max_entries and e < head)) then break end
     cut = e
   end
-  return trim_to(meta, entries, groups, ids, w, cut)
+  w = trim_to(meta, entries, groups, trimmed, w, cut)
+  forget(meta, groups, ids, trimmed, w, window)
+  return w
 end
 """.replace("TRIM_BATCH", str(TRIM_BATCH))
 
@@ -117,15 +154,16 @@ APPEND = script(
     "mailbox_append",
     """#!lua
 -- Appends to several mailboxes of one shard, each one all or nothing.
--- KEYS: id, then (meta entries groups ids) per mailbox
--- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n,
+-- KEYS: id, then (meta entries groups ids trimmed) per mailbox
+-- ARGV: dep shift partition token retention_ms max_entries dedupe_window_ms n
+--       (mid conv_seq conv record)*n,
 --       then per mailbox: floor epoch, floor head (0 0: none), count, record numbers (1-based)...
 --@prologue
 --@retain
 local token = tonumber(ARGV[4])
 local fence_field = 'f:' .. ARGV[3]
-local retention, max_entries = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, picks)
+local retention, max_entries, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floor_head, picks)
   local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
   if seen > token then return {'fenced', 0, 0, 0} end
   local m = redis.call('HMGET', meta, 'e', 'h', 'w')
@@ -157,19 +195,19 @@ local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, p
   else
     group = 0
   end
-  retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  retain(meta, entries, groups, ids, trimmed, head, w, retention, max_entries, window)
   return {'ok', added, dups, group, epoch, head}
 end
-local n = tonumber(ARGV[7])
-local pos = 8 + n * 4
+local n = tonumber(ARGV[8])
+local pos = 9 + n * 4
 local out = {}
-for k = 2, #KEYS, 4 do
+for k = 2, #KEYS, 5 do
   local floor_epoch, floor_head = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local count, picks = tonumber(ARGV[pos + 2]), {}
-  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
+  for c = 1, count do picks[c] = 9 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
   pos = pos + count + 3
-  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], floor_epoch,
-    floor_head, picks)
+  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    floor_epoch, floor_head, picks)
 end
 return out
 """.replace("--@retain", _RETAIN),
@@ -209,12 +247,14 @@ return {'ok', epoch, head, w, items, stale}
 RETAIN = script(
     "mailbox_retain",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift retention_ms max_entries
+-- KEYS: id meta entries groups ids trimmed
+-- ARGV: dep shift retention_ms max_entries dedupe_window_ms
 --@prologue
 --@retain
 local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
 local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
-w = retain(KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, w, tonumber(ARGV[3]), tonumber(ARGV[4]))
+w = retain(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], head, w, tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5]))
 return {'ok', epoch, head, w}
 """.replace("--@retain", _RETAIN),
 )
@@ -222,7 +262,7 @@ return {'ok', epoch, head, w}
 TRIM = script(
     "mailbox_trim",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift through
+-- KEYS: id meta entries groups ids trimmed    ARGV: dep shift through dedupe_window_ms
 --@prologue
 --@retain
 local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
@@ -230,7 +270,8 @@ local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[
 local cut = w
 local ends = redis.call('ZRANGE', KEYS[4], '(' .. w, tonumber(ARGV[3]), 'BYSCORE')
 for _, member in ipairs(ends) do cut = group_end(member) end
-w = trim_to(KEYS[2], KEYS[3], KEYS[4], KEYS[5], w, cut)
+w = trim_to(KEYS[2], KEYS[3], KEYS[4], KEYS[6], w, cut)
+forget(KEYS[2], KEYS[4], KEYS[5], KEYS[6], w, tonumber(ARGV[4]))
 return {'ok', epoch, head, w}
 """.replace("--@retain", _RETAIN),
 )
@@ -238,12 +279,12 @@ return {'ok', epoch, head, w}
 NEW_EPOCH = script(
     "mailbox_new_epoch",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift above
+-- KEYS: id meta entries groups ids trimmed    ARGV: dep shift above
 --@prologue
 local epoch = math.max(tonumber(redis.call('HGET', KEYS[2], 'e') or '1'), tonumber(ARGV[3])) + 1
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
-redis.call('HDEL', KEYS[2], 't')
+redis.call('HDEL', KEYS[2], 't', 'x')
 return {'ok', epoch, 0, 0}
 """,
 )
@@ -265,12 +306,13 @@ class MailboxKeys:
         self.entries = f"{base}:me:{m}"
         self.groups = f"{base}:mg:{m}"
         self.ids = f"{base}:mi:{m}"
+        self.trimmed = f"{base}:mx:{m}"
 
     def all(self) -> list[str]:
         return [self.identity, *self.lane()]
 
     def lane(self) -> list[str]:
-        return [self.meta, self.entries, self.groups, self.ids]
+        return [self.meta, self.entries, self.groups, self.ids, self.trimmed]
 
 
 def _outcome(reply: Any) -> AppendOutcome:
@@ -326,7 +368,14 @@ class RedisMailboxStore(MailboxStore):
         """One script per shard (at most ``PER_CALL`` mailboxes each), all pipelined;
         a record is sent once per call, each mailbox names the records it gets."""
         s = self.settings
-        head = [*self._calls.head(), fence.partition, fence.token, s.retention_ms, s.max_entries]
+        head = [
+            *self._calls.head(),
+            fence.partition,
+            fence.token,
+            s.retention_ms,
+            s.max_entries,
+            s.dedupe_ms,
+        ]
         by_shard: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
             if len(request.items) > MAX_GROUP_ENTRIES:
@@ -414,7 +463,7 @@ class RedisMailboxStore(MailboxStore):
 
     async def _retain(self, mailbox: Mailbox) -> None:
         s = self.settings
-        await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries])
+        await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries, s.dedupe_ms])
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
         if not mailboxes:
@@ -450,7 +499,7 @@ class RedisMailboxStore(MailboxStore):
         return result
 
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
-        return await self._lane_script(TRIM, mailbox, [through_seq])
+        return await self._lane_script(TRIM, mailbox, [through_seq, self.settings.dedupe_ms])
 
     async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
         return await self._lane_script(NEW_EPOCH, mailbox, [above])
