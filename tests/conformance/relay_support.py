@@ -53,6 +53,7 @@ class Seen:
     duplicates: int = 0
     retried: int = 0
     dead: int = 0
+    too_old: int = 0
     verdicts: Counter[Verdict] = field(default_factory=Counter)
     moved_back: list[tuple[str, LaneMark, LaneMark, int]] = field(default_factory=list)
 
@@ -69,6 +70,9 @@ class Seen:
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         self.verdicts[result] += entries
+
+    def on_too_old(self, entries: int) -> None:
+        self.too_old += entries
 
     def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
         self.moved_back.append((kind, seen, found, epoch))
@@ -141,6 +145,7 @@ class FlakyMailbox(MailboxStore):
         down: frozenset[Mailbox] = frozenset(),
     ) -> None:
         self.inner = inner
+        self.settings = inner.settings
         self.fail_appends = fail_appends
         self.fail_checks = fail_checks
         self.down = down

@@ -12,9 +12,10 @@ from dataclasses import replace
 import pytest
 
 from backends.memory.outbox_log import partition_of
+from service.domain.delivery import DeliverySettings, MailboxSettings
 from service.domain.errors import IllegalTransition, LeaseLost, StoreUnavailable
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, RelayPoint
-from service.domain.mailbox import Mailbox
+from service.domain.mailbox import Mailbox, MailboxCursor, refusal_margin_ms
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import DeadLetter, RelayPolicy, Settlement, Verdict
@@ -126,7 +127,9 @@ async def test_release_1_inline_recipients_are_delivered_as_frozen(harness: Harn
     c = committer(backend, clock)
     await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
     frozen = FrozenDeliveryInput(("bob", "zoe"), 1)
-    await c.commit(send(tenant, "c1", cmid="old"), frozen, ReserveCandidate("m-old-1", 1))
+    await c.commit(
+        send(tenant, "c1", cmid="old"), frozen, ReserveCandidate("m-old-1", clock.now_ms())
+    )
     await drain(backend, "relay-a", clock)
     assert await inbox(backend, box(tenant, "zoe")) == [("c1", 1)]
     assert await inbox(backend, box(tenant, "bob")) == [("c1", 1)]
@@ -604,3 +607,86 @@ async def _until(check: object, timeout_s: float = 15.0) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+async def _lane(backend: Backend, mailbox: Mailbox) -> list[tuple[str, int]]:
+    """(conversation, seq) of what a lane holds now, from its trim watermark."""
+    d = ports(backend)
+    (state,) = await d.mailbox.lane_state([mailbox])
+    cursor = MailboxCursor(mailbox.lane, state.epoch, state.watermark)
+    page = await d.mailbox.sync(mailbox, cursor, 1000, 1 << 20)
+    return [(e.record.conversation, e.record.seq) for e in page.entries]
+
+
+async def _dead_letters(backend: Backend, tenant: str) -> list[tuple[str, DeadLetter]]:
+    parts = ports(backend).partitions
+    found: list[tuple[str, DeadLetter]] = []
+    for partition in parts.partitions():
+        page, _ = await parts.dead_letters(partition, "", 100)
+        found += [(partition, d) for d in page if d.entry.tenant == tenant]
+    return found
+
+
+async def _one_dead_letter_for_dave(
+    harness: Harness, settings: MailboxSettings
+) -> tuple[Backend, ManualClock, str, tuple[str, DeadLetter]]:
+    """c1 (carol, dave) gets one message while dave's inbox is down: carol holds it,
+    dave's entry is a dead letter (at the first failure: the clock stays, so a
+    Scylla relay keeps its lease)."""
+    clock = ManualClock()
+    backend = await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings))
+    tenant = unique("t")
+    await backend.membership.create_conversation(tenant, "c1", ["carol", "dave"])
+    await committer(backend, clock).commit_send(send(tenant, "c1", sender="carol", cmid="m1"))
+    down = FlakyMailbox(ports(backend).mailbox, down=frozenset({box(tenant, "dave")}))
+    hopeless = replace(POLICY, max_attempts=1)
+    await drain(backend, "relay-a", clock, delivery=with_mailbox(backend, down), policy=hopeless)
+    (letter,) = await _dead_letters(backend, tenant)
+    return backend, clock, tenant, letter
+
+
+async def test_a_requeue_after_a_count_trim_does_not_append_a_message_twice(
+    harness: Harness,
+) -> None:
+    """Issue 23, item 8: carol's lane trimmed m1 by count (and its dedupe id with
+    it), so requeueing dave's dead letter appended m1 to carol's lane again."""
+    settings = MailboxSettings(max_entries=2)
+    backend, clock, tenant, (partition, letter) = await _one_dead_letter_for_dave(harness, settings)
+    await backend.membership.create_conversation(tenant, "c2", ["carol", "erin"])
+    c = committer(backend, clock)
+    for n in range(3):
+        await c.commit_send(send(tenant, "c2", sender="erin", cmid=f"x{n}"))
+    await drain(backend, "relay-a", clock)
+    carol = box(tenant, "carol")
+    assert (await ports(backend).mailbox.lane_state([carol]))[0].watermark >= 1  # m1 trimmed
+    assert await ports(backend).partitions.requeue(partition, [letter.letter]) == 1
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen)
+    assert await inbox(backend, box(tenant, "dave")) == [("c1", 1)]
+    assert await _lane(backend, carol) == [("c2", 1), ("c2", 2), ("c2", 3)]
+    assert (seen.added, seen.duplicates, seen.too_old) == (1, 1, 0)
+
+
+async def test_a_message_older_than_the_dedupe_window_is_refused_as_a_dead_letter(
+    harness: Harness,
+) -> None:
+    """A requeue (or a relay) past the window could append a message a lane has
+    forgotten: it becomes a dead letter again, with the reason, and nothing is
+    written (``too_old_to_deliver``'s boundary is in tests/unit)."""
+    window = 600_000
+    settings = MailboxSettings(max_entries=2, dedupe_window_ms=window)
+    backend, clock, tenant, (partition, letter) = await _one_dead_letter_for_dave(harness, settings)
+    commit_ts = letter.entry.published_ms
+    margin = refusal_margin_ms(window)
+    clock.advance(max(0, commit_ts + window - margin - clock.now_ms()))
+    assert await ports(backend).partitions.requeue(partition, [letter.letter]) == 1
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen)
+    assert await inbox(backend, box(tenant, "dave")) == []
+    assert await inbox(backend, box(tenant, "carol")) == [("c1", 1)]
+    # Scylla's new lease holder (the clock passed the lease) also reconciles the
+    # first entry again, still in its settle window: refused too
+    assert seen.added == 0 and seen.too_old == seen.dead >= 1
+    again = await _dead_letters(backend, tenant)
+    assert {d.entry.message_id for _, d in again} == {letter.entry.message_id}
+    assert all("older than the mailbox dedupe window" in d.problem for _, d in again)
