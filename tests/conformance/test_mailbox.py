@@ -13,7 +13,7 @@ from service.domain.model import MessageRecord
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import Fence
 from tests.conformance.harness import Harness
-from tests.support import text, unique
+from tests.support import DEDUPE_CASES, DEDUPE_WINDOW_MS, text, unique
 
 PARTITION = "p-test"
 FENCE = Fence(PARTITION, 1)
@@ -317,21 +317,9 @@ async def test_a_redelivery_after_a_count_trim_is_still_deduped(harness: Harness
     assert held == [frozenset({"m-c1-1", "m-c1-3"})]
 
 
-DEDUPE_WINDOW_MS = 100_000
-
-
-@pytest.mark.parametrize(
-    ("later_ms", "remembered"),
-    [
-        (20_000, {1, 2, 3, 4, 5, 6}),  # 1-4 trimmed by count, inside the window
-        (DEDUPE_WINDOW_MS - 1, {1, 2, 3, 4, 5, 6}),
-        (DEDUPE_WINDOW_MS, {3, 4, 5, 6}),  # the group 1-2 is forgotten, whole
-        (DEDUPE_WINDOW_MS + 10_000, {4, 5, 6}),  # the group 3, ten seconds younger
-        (DEDUPE_WINDOW_MS + 20_000, {5, 6}),  # 4 goes as it is trimmed: it is as old
-    ],
-)
+@pytest.mark.parametrize(("later_ms", "forgotten"), DEDUPE_CASES)
 async def test_the_ids_of_trimmed_groups_are_forgotten_when_the_window_passes(
-    harness: Harness, later_ms: int, remembered: set[int]
+    harness: Harness, later_ms: int, forgotten: int
 ) -> None:
     """One case table for ``service.domain.mailbox.dedupe_cut`` on every backend (the
     Redis script mirrors it): ids of trimmed groups go by age, a whole group at a
@@ -353,5 +341,5 @@ async def test_the_ids_of_trimmed_groups_are_forgotten_when_the_window_passes(
     await d.mailbox.append([AppendRequest(box, items(tenant, 6))], FENCE)  # cut 4
     ids = tuple(f"m-c1-{n}" for n in range(1, 7))
     (held,) = await d.mailbox.contains([(box, ids)])
-    assert held == {f"m-c1-{n}" for n in remembered}
+    assert held == {f"m-c1-{n}" for n in range(forgotten + 1, 7)}
     assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 6, 4)
