@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from backends.memory.outbox_log import partition_of
+from service.dead_letters import requeue_letters
 from service.domain.delivery import DeliverySettings, MailboxSettings
 from service.domain.errors import IllegalTransition, LeaseLost, StoreUnavailable
 from service.domain.faults import FaultPoint, FaultPoints, InjectedCrash, RelayPoint
@@ -690,3 +691,22 @@ async def test_a_message_older_than_the_dedupe_window_is_refused_as_a_dead_lette
     again = await _dead_letters(backend, tenant)
     assert {d.entry.message_id for _, d in again} == {letter.entry.message_id}
     assert all("older than the mailbox dedupe window" in d.problem for _, d in again)
+
+
+async def test_requeue_leaves_a_letter_older_than_the_dedupe_window_and_says_so(
+    harness: Harness,
+) -> None:
+    """``relay-dead-letters --requeue`` re-sends what the window covers and names, per
+    letter, what it leaves (the relay would refuse it: it may be appended twice)."""
+    window = 600_000
+    settings = MailboxSettings(dedupe_window_ms=window)
+    backend, clock, tenant, (partition, letter) = await _one_dead_letter_for_dave(harness, settings)
+    d = ports(backend)
+    e = letter.entry
+    (record,) = (await d.records.records(e.tenant, e.conversation, [e.seq])).values()
+    late = record.server_ts_ms + window - refusal_margin_ms(window)
+    assert await requeue_letters(d, partition, [letter], late) == (0, [letter])
+    assert [x.letter for _, x in await _dead_letters(backend, tenant)] == [letter.letter]
+    assert await requeue_letters(d, partition, [letter], late - 1) == (1, [])
+    await drain(backend, "relay-a", clock)
+    assert await inbox(backend, box(tenant, "dave")) == [("c1", 1)]
