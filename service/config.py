@@ -294,7 +294,8 @@ class ServiceConfig:
 
     relay_outbox_retention: float = field(default=86400.0, metadata=_DURATION)
     """How long delivered outbox entries are kept before the relay trims them
-    (Redis streams; the Scylla outbox expires by TTL)."""
+    (Redis streams; Scylla hour buckets once all their entries are settled:
+    undelivered entries never expire)."""
 
     test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
     """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to

@@ -58,7 +58,8 @@ class DeliverySettings:
 
     mailbox: MailboxSettings = MailboxSettings()
     outbox_retention_ms: int = 86_400_000
-    """Delivered outbox entries are kept this long, then trimmed (Redis streams)."""
+    """Delivered outbox entries are kept this long, then trimmed (Redis streams;
+    Scylla hour buckets, once every entry in them is settled)."""
     settle_window_ms: int = 10_000
     """Scylla: entries younger than this are delivered but not yet acknowledged
     (a writer with a slower clock may still add one before them)."""
