@@ -235,9 +235,7 @@ class ScyllaMailboxStore(MailboxStore):
                 max_entries=s.max_entries,
             )
         remembered = [(int(r["seq"]), int(r["appended_ms"])) for r in old]
-        forget = rules.dedupe_cut(
-            0, cut, remembered + groups, now_ms=now, window_ms=s.dedupe_ms
-        )
+        forget = rules.dedupe_cut(0, cut, remembered + groups, now_ms=now, window_ms=s.dedupe_ms)
         changes: list[tuple[str, tuple[object, ...]]] = []
         if forget > 0:  # one delete per id: a conditional batch takes no IN on clustering
             gone_ids = await self._cql.read("mb.remembered", (*key, forget))
