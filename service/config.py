@@ -259,7 +259,7 @@ class ServiceConfig:
     """How long a lane remembers the message ids of entries trimmed by count, so a
     reconciled or requeued message is not appended twice (at most
     MC_MAILBOX_RETENTION, at least 1h); the relay and requeue refuse messages
-    older than it (dead letters). Costs about 150 bytes per remembered id on Redis."""
+    older than it (dead letters). Costs about 230 bytes per remembered id on Redis."""
 
     subscribe_poll_interval: float = field(default=1.0, metadata=_DURATION)
     """How often the replica's one lane watcher reads the heads of every subscribed lane."""
