@@ -116,7 +116,8 @@ class MailboxStore(abc.ABC):
         when the mailbox has seen a newer token of ``fence.partition``, or
         (``moved_back``) when the lane's (epoch, head) is below the request's
         ``floor`` (``service.domain.lane_marks.moved_back``); else record the
-        token, leave out the items whose message id the lane holds,
+        token, leave out the items whose message id the lane holds or still
+        remembers (trimmed within the dedupe window: ``mailbox.dedupe_cut``),
         give the others the next seqs as one group, and trim by retention.
         Requests are independent: an error may leave some applied."""
 
@@ -139,7 +140,8 @@ class MailboxStore(abc.ABC):
     async def contains(
         self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
     ) -> list[frozenset[str]]:
-        """For each (mailbox, message ids): the ids its lane holds now."""
+        """For each (mailbox, message ids): the ids its lane holds or remembers now
+        (an entry trimmed within the dedupe window was delivered)."""
 
     @abc.abstractmethod
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
