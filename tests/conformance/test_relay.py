@@ -710,3 +710,31 @@ async def test_requeue_leaves_a_letter_older_than_the_dedupe_window_and_says_so(
     assert await requeue_letters(d, partition, [letter], late - 1) == (1, [])
     await drain(backend, "relay-a", clock)
     assert await inbox(backend, box(tenant, "dave")) == [("c1", 1)]
+
+
+async def test_a_republished_entry_after_a_count_trim_is_delivered_once(
+    harness: Harness,
+) -> None:
+    """A publish retried after a lost reply reaches the relay after bob's inbox (at
+    most 2 entries) trimmed the first copy: still deduped."""
+    clock = ManualClock()
+    settings = MailboxSettings(max_entries=2)
+    backend = await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings))
+    tenant = unique("t")
+    c = committer(backend, clock)
+    await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    c.faults.arm(FaultPoint.OUTBOX_SENT_UNACKED)  # published, but the ack was lost
+    request = send(tenant, "c1", cmid="dup")
+    with pytest.raises(InjectedCrash):
+        await c.commit_send(request)
+    await drain(backend, "relay-a", clock)
+    for n in range(3):
+        await c.commit_send(send(tenant, "c1", cmid=f"later-{n}"))
+    await drain(backend, "relay-a", clock)
+    bob = box(tenant, "bob")
+    assert (await ports(backend).mailbox.lane_state([bob]))[0].watermark >= 1
+    await c.commit_send(request)  # publishes the first message again
+    seen = Seen()
+    await drain(backend, "relay-a", clock, seen=seen)
+    assert (seen.added, seen.duplicates) == (0, 2)
+    assert ("c1", 1) not in await _lane(backend, bob)
