@@ -206,6 +206,9 @@ class MailboxPage:
     more: bool
     trim_watermark: int
     head: int
+    withheld: tuple[tuple[int, int], ...] = ()
+    """(seq, group id) of the entries the reader may not read (``readable``): sent
+    as ``withheld`` events in their place, so the page stays gap-free."""
 
 
 def check_cursor(lane: str, cursor: MailboxCursor, state: LaneState) -> int:
@@ -284,21 +287,26 @@ def build_page(
     at most ``MAX_PAGE_BYTES``) allow; at least one group when there is one, even
     if it alone is over either (``split_group`` keeps a group within
     ``MAX_GROUP_BYTES``, or one entry). A group's entries the reader may not
-    see (``readable``) are left out and cost nothing; the cursor still moves
-    past them, so the lane stays gap-free for the client and paging always
-    progresses over what was read.
+    see (``readable``) are *withheld*: the page names their seqs and carries
+    nothing of them, so the lane stays gap-free for the client (which checks
+    it), they cost no bytes, and each counts as one event against ``limit``.
     """
     after = check_cursor(lane, cursor, read.state)
     max_bytes = min(max_bytes, MAX_PAGE_BYTES)
     taken: list[MailboxEntry] = []
+    withheld: list[tuple[int, int]] = []
     used = 0
     last = after
     for group in groups(e for e in read.entries if e.seq > after):
         shown = [e for e in group if readable(reader, e.membership_version)]
         size = sum(e.size_bytes() for e in shown)
-        if shown and taken and (len(taken) + len(shown) > limit or used + size > max_bytes):
+        events = len(taken) + len(withheld)
+        if events and (events + len(group) > limit or used + size > max_bytes):
             break
         taken += shown
+        if len(shown) < len(group):
+            shown_seqs = {e.seq for e in shown}
+            withheld += [(e.seq, e.group_id) for e in group if e.seq not in shown_seqs]
         used += size
         last = group[-1].seq
     return MailboxPage(
@@ -308,6 +316,7 @@ def build_page(
         more=last < read.state.head,
         trim_watermark=read.state.watermark,
         head=read.state.head,
+        withheld=tuple(withheld),
     )
 
 
