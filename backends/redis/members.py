@@ -25,9 +25,7 @@ from service.domain.ports import MembershipStore
 
 SCAN_BUDGET = rules.LISTING_BUDGET
 """Users examined per listed member asked for (a page of 1,000 reads at most 4,000)."""
-REMOVED_CAP = 50_000
-"""Users removed after a version that one listing call reads whole; with more (a
-version from before a mass removal) it walks every user ever instead, as before."""
+
 
 _ADD_USERS = """
 local function each_user(first, fn)
@@ -110,7 +108,7 @@ MEMBERS_AT = script(
     "members_at",
     """#!lua flags=no-writes
 -- KEYS: id meta users intervals current removed
--- ARGV: dep shift version('' = current) after limit budget removed_cap
+-- ARGV: dep shift version('' = current) after limit budget
 --@prologue
 --@intervals
 local meta = redis.call('HMGET', KEYS[2], 'v', 'f', 'ix')
@@ -131,14 +129,15 @@ local function with_texts(users)  -- HMGET in slices: unpack takes a few thousan
   return texts
 end
 if meta[3] == '1'
-    and redis.call('ZCOUNT', KEYS[6], '(' .. version, '+inf') <= tonumber(ARGV[7]) then
+    and redis.call('ZCOUNT', KEYS[6], '(' .. version, '+inf') <= budget then
   -- the members now, and the users removed after the version: the domain merges them
   local now = redis.call('ZRANGE', KEYS[5], low, '+', 'BYLEX', 'LIMIT', 0, budget)
   local gone = redis.call('ZRANGE', KEYS[6], '(' .. version, '+inf', 'BYSCORE')
   return {'split', version, #now == budget and 1 or 0, now, with_texts(now), gone,
           with_texts(gone)}
 end
--- written before the split indexes (or too many left since): every user ever, in order
+-- written before the split indexes, or more users left since the version than a call
+-- reads: every user ever, in id order
 local users = redis.call('ZRANGE', KEYS[3], low, '+', 'BYLEX', 'LIMIT', 0, budget)
 local found, last = {}, ''
 if #users > 0 then
@@ -248,7 +247,7 @@ class RedisMembershipStore(MembershipStore):
         word, rest = await self._calls.run(
             MEMBERS_AT,
             _keys(ck),
-            ["" if version is None else version, after, limit, limit * SCAN_BUDGET, REMOVED_CAP],
+            ["" if version is None else version, after, limit, limit * SCAN_BUDGET],
             write=False,
         )
         if word == b"none":

@@ -183,15 +183,16 @@ async def test_a_conversation_that_shrank_lists_its_members_in_one_call(
     kept = [f"z-kept-{n}" for n in range(5)]  # sorted after every user who left
     await m.create_conversation(tenant, "shrunk", kept)
     waves = [[f"u{wave}-{n:05d}" for n in range(10_000)] for wave in range(2)]
+    joined, left = [], []  # a backend may split a big change into several versions
     for users in waves:
-        await m.add_members(tenant, "shrunk", users)
-        await m.remove_members(tenant, "shrunk", users)
+        joined.append((await m.add_members(tenant, "shrunk", users)).version)
+        left.append((await m.remove_members(tenant, "shrunk", users)).version)
     now = await m.members_at(tenant, "shrunk", None, "", 1000)
-    assert (now.members, now.version, now.next_after) == (tuple(kept), 5, "")
-    assert await members(backend, tenant, "shrunk", 4, page=1000) == waves[1] + kept
-    assert await members(backend, tenant, "shrunk", 3, page=1000) == kept
-    second = await members(backend, tenant, "shrunk", 2, page=777)
-    assert second == waves[0] + kept
+    assert (now.members, now.version, now.next_after) == (tuple(kept), left[1], "")
+    assert await members(backend, tenant, "shrunk", joined[1], page=1000) == waves[1] + kept
+    assert await members(backend, tenant, "shrunk", left[0], page=1000) == kept
+    first = await members(backend, tenant, "shrunk", joined[0], page=777)
+    assert first == waves[0] + kept
 
 
 async def test_pages_of_an_older_version_merge_current_and_removed_users_in_id_order(
