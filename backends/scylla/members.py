@@ -98,9 +98,11 @@ STATEMENTS = {
     " AND kind = 'l' AND name = ? AND cmid = ?",
 }
 
-CHANGE_BATCH_BYTES = 1 << 20
-"""Rows of one conditional batch, by estimated size: far below the commit log's
-largest mutation (half a segment, 16 MiB by default) and the 16 MiB frame."""
+CHANGE_BATCH_BYTES = 2 << 20
+"""Rows of one conditional batch, by estimated size (two rows per user: its member
+row and its listing row, so as many users as the 1 MiB of one row each before):
+far below the commit log's largest mutation (half a segment, 16 MiB by default)
+and the 16 MiB frame."""
 ROW_OVERHEAD_BYTES = 48
 SCAN_BUDGET = rules.LISTING_BUDGET
 """Rows examined per listed member asked for (a page of 1,000 reads at most 4,000)."""
