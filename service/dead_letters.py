@@ -9,8 +9,10 @@ each: partition, letter id, tenant, conversation, seq, message id, attempts
 and the problem (never a message body: an outbox entry has none).
 ``--requeue`` moves each back into its partition as a new pending entry; the
 relays deliver it, and mailboxes dedupe by message id, so a message that was
-delivered after all is not added twice. Exit 0, 2 for bad configuration, 3
-when the backend does not answer.
+delivered after all is not added twice. The last line counts the letters
+held; the relays drop letters older than MC_RELAY_DEAD_LETTER_RETENTION
+(default 30 d), counted in ``message_committer_relay_dead_letters_trimmed_total``.
+Exit 0, 2 for bad configuration, 3 when the backend does not answer.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ message_committer_relay_delivery_seconds             publication to settled, per
   (histogram)                                        (commit-to-mailbox latency)
 message_committer_relay_retries_total                entries settled as retryable
 message_committer_relay_dead_letters_total           entries dead-lettered
+message_committer_relay_dead_letters_trimmed_total   dead letters dropped after
+                                                     MC_RELAY_DEAD_LETTER_RETENTION
+message_committer_relay_dead_letters_held            dead letters kept in the partitions
+                                                     this relay holds (its last sweep)
 message_committer_relay_reconciled_total{verdict}    unsettled entries a new lease holder
                                                      checked: accepted, rejected, unknown
 message_committer_relay_takeovers_total              leases taken with a new fencing token
@@ -84,6 +88,16 @@ class RelayMetrics:
         )
         self.dead_letters = Counter(
             "message_committer_relay_dead_letters", "Entries dead-lettered.", registry=r
+        )
+        self.dead_letters_trimmed = Counter(
+            "message_committer_relay_dead_letters_trimmed",
+            "Dead letters dropped after MC_RELAY_DEAD_LETTER_RETENTION.",
+            registry=r,
+        )
+        self.dead_letters_held = Gauge(
+            "message_committer_relay_dead_letters_held",
+            "Dead letters kept in the partitions this relay holds, at its last sweep.",
+            registry=r,
         )
         self.reconciled = Counter(
             "message_committer_relay_reconciled",

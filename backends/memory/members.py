@@ -77,6 +77,12 @@ class MemoryMembershipStore(MembershipStore):
             return None
         return Admission(conv.version, rules.is_member(conv.intervals.get(user, ())))
 
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> rules.Intervals | None:
+        conv = self.state.conversations.get((tenant, conversation))
+        return None if conv is None else conv.intervals.get(user, ())
+
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:

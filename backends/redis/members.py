@@ -104,6 +104,16 @@ return {'ok', tonumber(version), iv_is_member(redis.call('HGET', KEYS[3], ARGV[3
 """,
 )
 
+MEMBER_INTERVALS = script(
+    "member_intervals",
+    """#!lua flags=no-writes
+-- KEYS: id meta intervals    ARGV: dep shift user
+--@prologue
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'none'} end
+return {'ok', redis.call('HGET', KEYS[3], ARGV[3]) or ''}
+""",
+)
+
 MEMBERS_AT = script(
     "members_at",
     """#!lua flags=no-writes
@@ -167,7 +177,7 @@ return {'ok', tonumber(meta[1]), tonumber(meta[2] or '0')}
 """,
 )
 
-SCRIPTS = (CREATE, CHANGE, ADMISSION, MEMBERS_AT, INFO)
+SCRIPTS = (CREATE, CHANGE, ADMISSION, MEMBER_INTERVALS, MEMBERS_AT, INFO)
 
 
 def _keys(ck: ConversationKeys) -> list[str]:
@@ -238,6 +248,23 @@ class RedisMembershipStore(MembershipStore):
         if self._replication is not None and (admission is None or not admission.member):
             await self._replication.confirm(tenant, conversation)  # a refusal waits too
         return admission
+
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> rules.Intervals | None:
+        ck = self._calls.keys.conversation(tenant, conversation)
+        word, rest = await self._calls.run(
+            MEMBER_INTERVALS, [ck.shard.identity, ck.meta, ck.intervals], [user], write=False
+        )
+        if word != b"none" and (word != b"ok" or len(rest) != 1):
+            raise StoreCorrupt("redis gave an unexpected reply")
+        try:
+            intervals = None if word == b"none" else rules.decode(codec.to_str(rest[0]))
+        except ValueError:
+            raise StoreCorrupt("stored membership intervals cannot be decoded") from None
+        if self._replication is not None and not intervals:
+            await self._replication.confirm(tenant, conversation)  # a refusal waits too
+        return intervals
 
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int

@@ -198,16 +198,24 @@ class ScyllaMembershipStore(MembershipStore):
         """Is ``user`` a member at the current version, and the statics: one read
         (two for a release-1 conversation without a sentinel). StoreNotFound
         without the conversation."""
+        intervals, found = await self._intervals_of(tenant, conversation, user)
+        return rules.is_member(intervals), found
+
+    async def _intervals_of(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[rules.Intervals, Statics]:
+        """``user``'s intervals (() when never a member) and the statics, in
+        ``member_now``'s reads. StoreNotFound without the conversation."""
         rows = await self._cql.read("mem.at_or_after", (tenant, conversation, user))
         found = statics_of(rows[0]) if rows else None
         if found is None:
-            return False, await self.statics(tenant, conversation)
+            return (), await self.statics(tenant, conversation)
         if self._seen is not None:
             self._seen(tenant, conversation, found.last_seq)
         row = rows[0]
         if row.get("kind") != "m" or row.get("name") != user:
-            return False, found
-        return rules.is_member(intervals_of(row, found.floor)), found
+            return (), found
+        return intervals_of(row, found.floor), found
 
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         try:
@@ -215,6 +223,15 @@ class ScyllaMembershipStore(MembershipStore):
         except StoreNotFound:
             return None
         return Admission(statics.version, member)
+
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> rules.Intervals | None:
+        try:
+            intervals, _ = await self._intervals_of(tenant, conversation, user)
+        except StoreNotFound:
+            return None
+        return intervals
 
     async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
         try:

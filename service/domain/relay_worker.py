@@ -49,7 +49,7 @@ from service.domain.errors import (
 )
 from service.domain.faults import FaultPoints, RelayPoint
 from service.domain.lane_marks import LaneMark, LaneMarks
-from service.domain.mailbox import Mailbox, MailboxItem, OwnerKind, split_group
+from service.domain.mailbox import UNKNOWN_VERSION, Mailbox, MailboxItem, OwnerKind, split_group
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
 from service.domain.relay import (
@@ -108,6 +108,14 @@ class Plan:
     held: PartitionEntry
     record: MessageRecord
     mailboxes: tuple[Mailbox, ...]
+
+    @property
+    def lane_version(self) -> int:
+        """The membership version its mailbox entries carry (``mailbox.readable``):
+        the version its delivery was frozen at; a release-1 entry's recipients were
+        frozen inline, not as a version, so ``UNKNOWN_VERSION``."""
+        entry = self.held.entry
+        return UNKNOWN_VERSION if entry.recipients is not None else entry.membership_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,7 +450,7 @@ class PartitionWork:
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
             for mailbox in plan.mailboxes:
-                items[mailbox].append(MailboxItem(plan.record))
+                items[mailbox].append(MailboxItem(plan.record, plan.lane_version))
         parts = {m: split_group(i) for m, i in items.items()}
         rounds = max((len(p) for p in parts.values()), default=0)
         requests = [

@@ -76,6 +76,42 @@ def test_a_page_that_does_not_continue_the_cursor_is_refused(
         check_page(cursor, page(evs, nxt))
 
 
+BIG = "conversation:big"
+
+
+def test_a_big_lanes_page_may_skip_what_its_reader_may_not_read() -> None:
+    """One reading rule for every lane: the server leaves out of a big
+    conversation's page what was committed while the reader was not a member."""
+    check_page(
+        MailboxCursor(BIG, 2, 4),
+        page(events((6, 5), (9, 8), (10, 8)), MailboxCursor(BIG, 2, 12), BIG),
+    )
+    check_page(MailboxCursor(BIG, 2, 4), page((), MailboxCursor(BIG, 2, 9), BIG))
+    check_page(MailboxCursor(BIG, 0, 0), page(events((3, 2)), MailboxCursor(BIG, 1, 3), BIG))
+    with pytest.raises(InvalidMailboxPage):  # the inbox is never filtered
+        check_page(MailboxCursor("inbox", 2, 4), page((), MailboxCursor("inbox", 2, 9)))
+
+
+@pytest.mark.parametrize(
+    ("evs", "nxt_seq", "why"),
+    [
+        (events((4, 4)), 5, "at the cursor"),
+        (events((6, 6), (6, 6)), 6, "repeated"),
+        (events((7, 7), (6, 6)), 7, "backwards"),
+        (events((6, 4)), 6, "a group that began at or before the cursor"),
+        (events((6, 3)), 6, "a group that began before the cursor"),
+        (events((6, 7)), 7, "a group that begins after its entry"),
+        (events((6, 6), (8, 5)), 8, "a group that went back"),
+        (events((6, 6)), 5, "a next cursor before the last event"),
+    ],
+)
+def test_a_big_lanes_page_must_still_continue_the_cursor(
+    evs: tuple[MailboxEvent, ...], nxt_seq: int, why: str
+) -> None:
+    with pytest.raises(InvalidMailboxPage):
+        check_page(MailboxCursor(BIG, 2, 4), page(evs, MailboxCursor(BIG, 2, nxt_seq), BIG))
+
+
 def hp(seqs: list[int], next_anchor: int) -> HistoryPage:
     return HistoryPage(
         "c", Direction.BACKWARD, 0, 0, tuple(record(s) for s in seqs), 1, 99, next_anchor

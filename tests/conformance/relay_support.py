@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from service.domain.delivery import (
     AppendOutcome,
     AppendRequest,
+    DeadLetterTrim,
     DeliveryPorts,
     HistoryRecords,
     MailboxStore,
@@ -210,6 +211,11 @@ class CountingMembership(MembershipStore):
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         return await self.inner.admission(tenant, conversation, user)
 
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[int, ...] | None:
+        return await self.inner.member_intervals(tenant, conversation, user)
+
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:
@@ -278,6 +284,9 @@ class HookedPartitions(OutboxPartitions):
 
     async def requeue(self, partition: str, letters: Sequence[str]) -> int:
         return await self.inner.requeue(partition, letters)
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        return await self.inner.trim_dead_letters(lease)
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         return await self.inner.relays(owner, ttl_ms)

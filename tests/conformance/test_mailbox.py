@@ -292,3 +292,23 @@ async def test_the_conversation_index_lists_in_pages_and_forgets_removed(harness
     assert (rest, end) == (("c3",), "")
     assert (await d.index.conversations(tenant, "bob", "", 10))[0] == ("a:b", "c1", "c2", "c3")
     assert (await d.index.conversations(unique("t"), "alice", "", 10)) == ((), "")
+
+
+async def test_entries_keep_the_membership_version_they_were_appended_with(
+    harness: Harness,
+) -> None:
+    """What ``mailbox.readable`` judges a conversation lane's reader by; an item
+    without one (written before entries carried it) reads as unknown (0)."""
+    d = ports(await harness.open())
+    tenant = unique("t")
+    box = Mailbox.conversation(tenant, "c1")
+    carried = (
+        MailboxItem(record(tenant, 1), 3),
+        MailboxItem(record(tenant, 2), 4),
+        MailboxItem(record(tenant, 3)),
+    )
+    await d.mailbox.append([AppendRequest(box, carried)], FENCE)
+    page = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE)
+    assert [(e.record.seq, e.membership_version) for e in page.entries] == [(1, 3), (2, 4), (3, 0)]
+    mine = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE, (4,))
+    assert [e.record.seq for e in mine.entries] == [2, 3] and mine.next_cursor.seq == 3

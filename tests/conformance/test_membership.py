@@ -172,6 +172,22 @@ async def test_member_pages_of_every_size_list_everyone_once(harness: Harness) -
     assert (old.members, old.version) == (("u4",), 1)
 
 
+async def test_a_users_intervals_are_one_point_lookup(harness: Harness) -> None:
+    """What a conversation lane's reader is judged by (``mailbox.readable``)."""
+    m = (await harness.open()).membership
+    tenant = unique("t")
+    await m.create_conversation(tenant, "c1", ["u1", "u2"])
+    await m.add_members(tenant, "c1", ["u3"])  # v2
+    await m.remove_members(tenant, "c1", ["u3"])  # v3
+    await m.add_members(tenant, "c1", ["u3"])  # v4
+    await m.remove_members(tenant, "c1", ["u2"])  # v5
+    assert await m.member_intervals(tenant, "c1", "u1") == (1,)
+    assert await m.member_intervals(tenant, "c1", "u2") == (1, 5)
+    assert await m.member_intervals(tenant, "c1", "u3") == (2, 3, 4)
+    assert await m.member_intervals(tenant, "c1", "never") == ()
+    assert await m.member_intervals(tenant, "nope", "u1") is None
+
+
 async def test_a_conversation_that_shrank_lists_its_members_in_one_call(
     harness: Harness,
 ) -> None:
