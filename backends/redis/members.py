@@ -2,10 +2,15 @@
 
 A change is one script over the page of users it names (at most 10,000 per
 call), so it costs O(users changed), never O(members). Admission and history
-authorisation are one HGET. Listing the members of a version walks the id
-order with ZRANGE BYLEX and keeps the users whose intervals contain it; a
-call examines at most ``SCAN_BUDGET`` users, so a listing after many
-removals may return short pages (never a wrong one).
+authorisation are one HGET. A change also keeps the members now (``um``, id
+order) and the users who left by the version they were last removed at
+(``ur``), so a listing of version v reads at most ``SCAN_BUDGET`` members now
+after ``after`` and the users removed after v, and the domain merges them
+(``membership.listing_page``): users who left at or before v are never read.
+A conversation created before ``um``/``ur`` (no meta ``ix``), or a version
+after which more users left than a call reads, walks every user ever in id
+order instead (``u``, ZRANGE BYLEX), at most ``SCAN_BUDGET`` per member asked
+for, so such a listing may return short pages (never a wrong one).
 """
 
 from __future__ import annotations

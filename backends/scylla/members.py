@@ -6,7 +6,12 @@ member set is still readable), ``member_count``. Rows of kind ``'m'`` are the
 users who ever were members, in id order, each with its version intervals
 (``service.domain.membership``: the rules live there and are only called
 here). A row of kind ``'n'`` is a sentinel that sorts after every member, so
-that admission is one point read whatever the answer (below). Seq allocation
+that admission is one point read whatever the answer (below). For listings, a
+change also keeps ``'c'`` rows (the members now, by id) and ``'l'`` rows (the
+users who left, named by their zero-padded last removal version, the user in
+``cmid``), behind a marker row ``('l', '~')`` that conversations created by
+this release have: a listing of v reads the members now and the users who
+left after v, never those who left before (``members_at``). Seq allocation
 shares the partition (``sequence.py``).
 
 A change is one conditional batch: ``version = v + 1`` (and the new count)
