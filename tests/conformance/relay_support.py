@@ -91,11 +91,14 @@ async def drain(
     delivery: DeliveryPorts | None = None,
     membership: MembershipStore | None = None,
     marks: LaneMarks | None = None,
+    targets: Targets | None = None,
 ) -> dict[str, Lease]:
-    """One relay takes every partition and works each until it is idle (``marks``:
-    the relay's memory of its lanes, kept across calls when given)."""
+    """One relay takes every partition and works each until it is idle (``marks``,
+    ``targets``: the relay's memory of its lanes and decisions, kept across calls when
+    given)."""
     d = delivery or ports(backend)
-    targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
+    if targets is None:
+        targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
     leases = {}
     for partition in d.partitions.partitions():
         lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
