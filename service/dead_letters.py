@@ -13,8 +13,10 @@ delivered after all is not added twice. Except a letter whose message is older
 than the mailbox dedupe window (``MC_MAILBOX_DEDUPE_WINDOW``, less its margin:
 ``service.domain.mailbox.too_old_to_deliver``): a lane may have forgotten its id,
 so it stays a dead letter and its line says "not requeued" (the relay would
-refuse it anyway; the message is in history). Exit 0, 2 for bad configuration,
-3 when the backend does not answer.
+refuse it anyway; the message is in history). The last line counts the letters
+held; the relays drop letters older than MC_RELAY_DEAD_LETTER_RETENTION
+(default 30 d), counted in ``message_committer_relay_dead_letters_trimmed_total``.
+Exit 0, 2 for bad configuration, 3 when the backend does not answer.
 """
 
 from __future__ import annotations

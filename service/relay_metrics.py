@@ -18,6 +18,10 @@ message_committer_relay_dead_letters_total           entries dead-lettered
 message_committer_relay_too_old_total                entries dead-lettered because their
                                                      message is older than the mailbox
                                                      dedupe window (never appended again)
+message_committer_relay_dead_letters_trimmed_total   dead letters dropped after
+                                                     MC_RELAY_DEAD_LETTER_RETENTION
+message_committer_relay_dead_letters_held            dead letters kept in the partitions
+                                                     this relay holds (its last sweep)
 message_committer_relay_reconciled_total{verdict}    unsettled entries a new lease holder
                                                      checked: accepted, rejected, unknown
 message_committer_relay_takeovers_total              leases taken with a new fencing token
@@ -91,6 +95,16 @@ class RelayMetrics:
         self.too_old = Counter(
             "message_committer_relay_too_old",
             "Entries dead-lettered as older than the mailbox dedupe window.",
+            registry=r,
+        )
+        self.dead_letters_trimmed = Counter(
+            "message_committer_relay_dead_letters_trimmed",
+            "Dead letters dropped after MC_RELAY_DEAD_LETTER_RETENTION.",
+            registry=r,
+        )
+        self.dead_letters_held = Gauge(
+            "message_committer_relay_dead_letters_held",
+            "Dead letters kept in the partitions this relay holds, at its last sweep.",
             registry=r,
         )
         self.reconciled = Counter(

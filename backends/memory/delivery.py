@@ -117,6 +117,8 @@ class PartitionState:
     retry: dict[str, RetryMark] = field(default_factory=dict)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
     """Dead letters by their id (a counter, in order)."""
+    dead_ms: dict[str, int] = field(default_factory=dict)
+    """When each dead letter was written (the backend's clock), for the retention."""
     letters: int = 0
 
 
@@ -160,7 +162,7 @@ class MemoryMailboxStore(MailboxStore):
         now = self._clock.now_ms()
         first = lane.head + 1
         for offset, item in enumerate(fresh):
-            lane.add(MailboxEntry(first + offset, first, item.record, now))
+            lane.add(MailboxEntry(first + offset, first, item.record, now, item.membership_version))
         if fresh:
             lane.head = first + len(fresh) - 1
             lane.group_ends.append((lane.head, now))

@@ -14,7 +14,8 @@ key                    type     what
 ``B:me:M``             zset     entries: score seq, member ``<seq>:<group>:
                                 <appended ms>:<conversation seq>:<enc conversation>:
                                 <enc message id>:<record json>`` (the Redis codec's
-                                record form)
+                                mailbox record form: with ``mv``, the entry's
+                                membership version)
 ``B:mg:M``             zset     groups: score the group's last seq, member
                                 ``<last seq>:<appended ms>``
 ``B:mi:M``             hash     encoded message id -> seq (the dedupe): every entry
@@ -338,10 +339,12 @@ def decode_entry(tenant: str, member: bytes) -> MailboxEntry:
     if len(parts) != 7:
         raise StoreCorrupt("a mailbox entry is malformed")
     seq, group, appended, conv_seq, conversation, _, blob = parts
-    record = codec.decode_record(
+    record, version = codec.decode_lane_record(
         tenant, dec(codec.to_str(conversation)), codec.to_int(conv_seq), blob
     )
-    return MailboxEntry(codec.to_int(seq), codec.to_int(group), record, codec.to_int(appended))
+    return MailboxEntry(
+        codec.to_int(seq), codec.to_int(group), record, codec.to_int(appended), version
+    )
 
 
 class RedisMailboxStore(MailboxStore):
@@ -439,7 +442,7 @@ class RedisMailboxStore(MailboxStore):
                         enc(r.message_id),
                         r.seq,
                         enc(r.conversation),
-                        codec.encode_record(r),
+                        codec.encode_lane_record(r, item.membership_version),
                     ]
                 picks.append(number)
         return keys, [*head, len(numbers), *records, *picks]

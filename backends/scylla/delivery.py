@@ -97,6 +97,7 @@ async def open_delivery(
             clock,
             settle_window_ms=settings.settle_window_ms,
             outbox_retention_ms=settings.outbox_retention_ms,
+            dead_letter_retention_ms=settings.dead_letter_retention_ms,
         ),
         index=ScyllaConversationIndex(cql),
         records=ScyllaHistoryRecords(cql),

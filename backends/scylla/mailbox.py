@@ -4,9 +4,11 @@ A mailbox is the partition ``(tenant, kind, owner)`` of ``mailboxes``; its
 static columns hold the lane's ``epoch``, ``head``, ``watermark``, the newest
 fencing token seen per outbox partition (``fences``), the append time of the
 oldest group still kept (``first_ms``) and a ``version`` that every change
-increments. Rows: ``('e', seq, message id)`` the entries, ``('i', 0, message
-id)`` the dedupe index, ``('g', last seq, '')`` the groups, ``('x', seq, message
-id)`` the trimmed entries whose ids the dedupe index still holds.
+increments. Rows: ``('e', seq, message id)`` the entries (with the
+``membership_version`` their message was frozen at: schema 4; older rows read
+as 0, unknown), ``('i', 0, message id)`` the dedupe index, ``('g', last seq,
+'')`` the groups, ``('x', seq, message id)`` the trimmed entries whose ids the
+dedupe index still holds.
 
 A trim (by age, by count, by hand) deletes the entries and lists their ids as
 'x' rows; the ids and the 'g' rows at or below the watermark stay until the
@@ -48,7 +50,7 @@ _PK = "tenant = ? AND kind = ? AND owner = ?"
 _STATICS = "epoch, head, watermark, version, fences, first_ms"
 _ENTRY = (
     "seq, message_id, group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms, "
-    + ", ".join(BODY_COLUMNS)
+    "membership_version, " + ", ".join(BODY_COLUMNS)
 )
 STATEMENTS = {
     "mb.statics": f"SELECT {_STATICS} FROM {{ks}}.mailboxes WHERE {_PK} LIMIT 1",
@@ -74,9 +76,9 @@ STATEMENTS = {
     "mb.bump": "UPDATE {ks}.mailboxes SET epoch = ?, head = ?, watermark = ?, version = ?,"
     f" fences = fences + ?, first_ms = ? WHERE {_PK} IF version = ?",
     "mb.entry": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id,"
-    " group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms, "
-    + ", ".join(BODY_COLUMNS)
-    + ") VALUES (?, ?, ?, 'e', ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+    " group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms,"
+    " membership_version, " + ", ".join(BODY_COLUMNS) + ")"
+    " VALUES (?, ?, ?, 'e', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
     + ", ".join("?" for _ in BODY_COLUMNS)
     + ")",
     "mb.id": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id, at_seq)"
@@ -110,7 +112,8 @@ def _state(row: Row | None) -> tuple[LaneState, int | None, dict[str, int], int 
     return state, int(row["version"]), dict(row.get("fences") or {}), row.get("first_ms")
 
 
-def _entry(tenant: str, row: Row) -> MailboxEntry:
+def entry_of(tenant: str, row: Row) -> MailboxEntry:
+    """One entry row back into an entry (a row from before schema 4: version unknown)."""
     try:
         record = MessageRecord(
             tenant=tenant,
@@ -125,7 +128,13 @@ def _entry(tenant: str, row: Row) -> MailboxEntry:
             reply_to=row.get("reply_to") or "",
             server_ts_ms=int(row["server_ts_ms"]),
         )
-        return MailboxEntry(int(row["seq"]), int(row["group_id"]), record, int(row["appended_ms"]))
+        return MailboxEntry(
+            int(row["seq"]),
+            int(row["group_id"]),
+            record,
+            int(row["appended_ms"]),
+            int(row.get("membership_version") or 0),  # before schema 4: unknown
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreCorrupt("a mailbox entry could not be decoded") from exc
 
@@ -174,7 +183,8 @@ class ScyllaMailboxStore(MailboxStore):
                     (
                         "mb.entry",
                         (*key, seq, r.message_id, first, now, r.conversation, r.seq, r.sender,
-                         r.cmid, r.server_ts_ms, *body_values(r, unset_absent=True)),
+                         r.cmid, r.server_ts_ms, item.membership_version,
+                         *body_values(r, unset_absent=True)),
                     )
                 )  # fmt: skip
                 batch.append(("mb.id", (*key, r.message_id, seq)))
@@ -270,13 +280,13 @@ class ScyllaMailboxStore(MailboxStore):
         if not rows:
             return LaneRead(_state(statics[0] if statics else None)[0], ())
         state = _state(rows[0])[0]
-        entries = [_entry(mailbox.tenant, r) for r in rows]
+        entries = [entry_of(mailbox.tenant, r) for r in rows]
         last = entries[-1].seq
         end = await self._cql.read("mb.group_of", (*key, last))
         group_end = int(end[0]["seq"]) if end else last
         if group_end > last:  # complete the last group
             rest = await self._cql.read("mb.range", (*key, last, group_end))
-            entries += [_entry(mailbox.tenant, r) for r in rest]
+            entries += [entry_of(mailbox.tenant, r) for r in rest]
         return LaneRead(state, tuple(entries))
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:

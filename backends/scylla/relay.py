@@ -51,7 +51,7 @@ from backends.scylla.outbox_log import (
     time_ms,
 )
 from backends.scylla.session import CqlSession, Row
-from service.domain.delivery import OutboxPartitions
+from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.ports import Clock
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
@@ -59,6 +59,11 @@ from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 SWEEP_EVERY_MS = 1000
 PRUNE_BUCKETS = 24
 """Most settled hour buckets one settle deletes; the rest go at the next ones."""
+DEAD_LETTER_TTL_MARGIN_S = 86_400
+"""A dead letter's row TTL is the retention plus this: the relay drops (and
+counts) it at the retention; the TTL only removes those no relay trimmed."""
+TRIM_PAGE = 10_000
+"""Most dead letters one trim drops (the rest go at the next)."""
 
 STATEMENTS = {
     "rl.get": "SELECT owner, fence_token, expires_at_ms, acked_ms, retries FROM {ks}.relay_leases"
@@ -75,7 +80,7 @@ STATEMENTS = {
     " WHERE namespace = ? AND part = ? IF fence_token = ?",
     "dl.add": "INSERT INTO {ks}.relay_dead_letters (namespace, part, letter, position,"
     " tenant, conversation, seq, message_id, recipients, membership_version, problem, attempts)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
     "dl.list": "SELECT letter, position, tenant, conversation, seq, message_id, recipients,"
     " membership_version, problem, attempts FROM {ks}.relay_dead_letters"
     " WHERE namespace = ? AND part = ? AND letter > ? LIMIT ?",
@@ -84,6 +89,12 @@ STATEMENTS = {
     " WHERE namespace = ? AND part = ? AND letter = ?",
     "dl.drop": "DELETE FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
     " AND letter = ?",
+    "dl.old": "SELECT letter FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
+    " AND letter <= ? LIMIT ?",
+    "dl.trim": "DELETE FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
+    " AND letter <= ?",
+    "dl.count": "SELECT COUNT(*) AS held FROM {ks}.relay_dead_letters"
+    " WHERE namespace = ? AND part = ?",
     "rm.add": "INSERT INTO {ks}.relay_members (namespace, owner) VALUES (?, ?) USING TTL ?",
     "rm.count": "SELECT owner FROM {ks}.relay_members WHERE namespace = ? LIMIT 10000",
 }
@@ -144,9 +155,12 @@ class ScyllaOutboxPartitions(OutboxPartitions):
         *,
         settle_window_ms: int,
         outbox_retention_ms: int = 86_400_000,
+        dead_letter_retention_ms: int = DeliverySettings().dead_letter_retention_ms,
     ) -> None:
         self._cql = cql
         self._retention_ms = outbox_retention_ms
+        self._dead_retention_ms = dead_letter_retention_ms
+        self._dead_ttl_s = dead_letter_retention_ms // 1000 + DEAD_LETTER_TTL_MARGIN_S
         self._ns = f"ns:{namespace}"
         self._clock = clock
         self._settle_ms = settle_window_ms
@@ -317,7 +331,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
                 (self._ns, lease.partition, letter, parsed[e.publication.position],
                  e.tenant, e.conversation, e.seq, e.message_id,
                  UNSET_VALUE if e.recipients is None else list(e.recipients),
-                 e.membership_version, d.problem, d.attempts),
+                 e.membership_version, d.problem, d.attempts, self._dead_ttl_s),
             )  # fmt: skip
             letters.append(letter)
         acked = self._ack_point(held, done)
@@ -412,6 +426,15 @@ class ScyllaOutboxPartitions(OutboxPartitions):
             await self._cql.write("dl.drop", (self._ns, partition, letter))
             moved += 1
         return moved
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        await self._fence(lease)
+        cutoff = max_uuid_at(self._clock.now_ms() - self._dead_retention_ms - 1)
+        old = await self._cql.read("dl.old", (self._ns, lease.partition, cutoff, TRIM_PAGE))
+        if old:  # up to the last one read: a count of exactly what goes
+            await self._cql.write("dl.trim", (self._ns, lease.partition, old[-1]["letter"]))
+        rows = await self._cql.read("dl.count", (self._ns, lease.partition))
+        return DeadLetterTrim(len(old), int(rows[0]["held"]) if rows else 0)
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         await self._cql.write("rm.add", (self._ns, owner, max(1, ttl_ms // 1000)))

@@ -20,6 +20,7 @@ from service.domain.mailbox import (
     MailboxCursor,
     MailboxItem,
     MailboxPage,
+    Reader,
     build_page,
 )
 from service.domain.model import MessageRecord
@@ -63,6 +64,19 @@ class DeliverySettings:
     settle_window_ms: int = 10_000
     """Scylla: entries younger than this are delivered but not yet acknowledged
     (a writer with a slower clock may still add one before them)."""
+    dead_letter_retention_ms: int = 30 * 86_400_000
+    """Dead letters older than this are dropped by the relay, counted and logged
+    (``OutboxPartitions.trim_dead_letters``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterTrim:
+    """What one trim of a partition's dead letters did."""
+
+    dropped: int
+    """Letters older than the retention that this trim deleted."""
+    held: int
+    """Letters the partition still holds after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +140,17 @@ class MailboxStore(abc.ABC):
         """The lane's state and its entries after ``after_seq`` (see LaneRead), atomically."""
 
     async def sync(
-        self, mailbox: Mailbox, cursor: MailboxCursor, limit: int, max_bytes: int
+        self,
+        mailbox: Mailbox,
+        cursor: MailboxCursor,
+        limit: int,
+        max_bytes: int,
+        reader: Reader = None,
     ) -> MailboxPage:
-        """One page after ``cursor`` (CursorExpired when it cannot continue)."""
+        """One page after ``cursor`` as ``reader`` sees it (``build_page``;
+        CursorExpired when it cannot continue)."""
         read = await self._read(mailbox, cursor.seq, limit)
-        return build_page(mailbox.lane, cursor, read, limit, max_bytes)
+        return build_page(mailbox.lane, cursor, read, limit, max_bytes, reader)
 
     @abc.abstractmethod
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
@@ -209,6 +229,11 @@ class OutboxPartitions(abc.ABC):
         already). Returns how many were moved."""
 
     @abc.abstractmethod
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        """Drop the partition's dead letters older than the dead-letter retention
+        (LeaseLost unless the lease is the latest); what was dropped and what is held."""
+
+    @abc.abstractmethod
     async def relays(self, owner: str, ttl_ms: int) -> int:
         """Announce ``owner`` as a live relay for ``ttl_ms``; the number of live relays."""
 
@@ -277,6 +302,7 @@ __all__ = [
     "AppendOutcome",
     "AppendRequest",
     "ConversationIndex",
+    "DeadLetterTrim",
     "DeliveryPorts",
     "DeliverySettings",
     "HistoryRecords",

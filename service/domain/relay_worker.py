@@ -33,6 +33,7 @@ leases and the tasks.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +51,14 @@ from service.domain.errors import (
 )
 from service.domain.faults import FaultPoints, RelayPoint
 from service.domain.lane_marks import LaneMark, LaneMarks
-from service.domain.mailbox import Mailbox, MailboxItem, split_group, too_old_to_deliver
+from service.domain.mailbox import (
+    UNKNOWN_VERSION,
+    Mailbox,
+    MailboxItem,
+    OwnerKind,
+    split_group,
+    too_old_to_deliver,
+)
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
 from service.domain.relay import (
@@ -121,6 +129,14 @@ class Plan:
     held: PartitionEntry
     record: MessageRecord
     mailboxes: tuple[Mailbox, ...]
+
+    @property
+    def lane_version(self) -> int:
+        """The membership version its mailbox entries carry (``mailbox.readable``):
+        the version its delivery was frozen at; a release-1 entry's recipients were
+        frozen inline, not as a version, so ``UNKNOWN_VERSION``."""
+        entry = self.held.entry
+        return UNKNOWN_VERSION if entry.recipients is not None else entry.membership_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +398,7 @@ class PartitionWork:
         entry = held.entry
         if record.message_id != entry.message_id:
             raise Undeliverable("history holds another message at this seq")
-        return Plan(held, record, await self._targets.of(entry))
+        return Plan(held, record, await self._targets.of(entry, self.lease.fence))
 
     async def _reconcile(
         self, plans: list[Plan]
@@ -409,10 +425,42 @@ class PartitionWork:
                 unknown.append((plan.held, problem))
                 continue
             result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
-            self._observer.on_reconciled(result, 1)
             if result is Verdict.REJECTED:
                 rejected.append(plan)
-        return rejected, unknown
+            else:
+                self._observer.on_reconciled(result, 1)
+        return await self._not_held_where_decided(rejected), unknown
+
+    async def _not_held_where_decided(self, plans: list[Plan]) -> list[Plan]:
+        """Of the entries the conversation lane lacks, those their own version did not
+        send to the inboxes either: an entry delivered to the inboxes before its
+        conversation got its lane (the lane is sticky) was delivered, not lost."""
+        own: dict[int, tuple[Mailbox, ...]] = {}
+        for n, plan in enumerate(plans):
+            if plan.mailboxes[0].kind is OwnerKind.CONVERSATION:
+                with contextlib.suppress(StoreError):
+                    boxes = await self._targets.own(plan.held.entry)
+                    if boxes and boxes != plan.mailboxes:
+                        own[n] = boxes
+        still = plans
+        queries: list[tuple[Mailbox, tuple[str, ...]]] = [
+            (m, (plans[n].record.message_id,)) for n, boxes in own.items() for m in boxes
+        ]
+        if queries:
+            found, blind = await self._contains(queries)
+            held = {(m, ids[0]) for (m, ids), got in zip(queries, found, strict=True) if got}
+            still = [
+                plan
+                for n, plan in enumerate(plans)
+                if n not in own
+                or bool(blind)
+                or any((m, plan.record.message_id) not in held for m in own[n])
+            ]
+        if len(still) < len(plans):
+            self._observer.on_reconciled(Verdict.ACCEPTED, len(plans) - len(still))
+        if still:
+            self._observer.on_reconciled(Verdict.REJECTED, len(still))
+        return still
 
     async def _contains(
         self, queries: list[tuple[Mailbox, tuple[str, ...]]]
@@ -443,7 +491,7 @@ class PartitionWork:
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
             for mailbox in plan.mailboxes:
-                items[mailbox].append(MailboxItem(plan.record))
+                items[mailbox].append(MailboxItem(plan.record, plan.lane_version))
         parts = {m: split_group(i) for m, i in items.items()}
         rounds = max((len(p) for p in parts.values()), default=0)
         requests = [

@@ -343,3 +343,23 @@ async def test_the_ids_of_trimmed_groups_are_forgotten_when_the_window_passes(
     (held,) = await d.mailbox.contains([(box, ids)])
     assert held == {f"m-c1-{n}" for n in range(forgotten + 1, 7)}
     assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 6, 4)
+
+
+async def test_entries_keep_the_membership_version_they_were_appended_with(
+    harness: Harness,
+) -> None:
+    """What ``mailbox.readable`` judges a conversation lane's reader by; an item
+    without one (written before entries carried it) reads as unknown (0)."""
+    d = ports(await harness.open())
+    tenant = unique("t")
+    box = Mailbox.conversation(tenant, "c1")
+    carried = (
+        MailboxItem(record(tenant, 1), 3),
+        MailboxItem(record(tenant, 2), 4),
+        MailboxItem(record(tenant, 3)),
+    )
+    await d.mailbox.append([AppendRequest(box, carried)], FENCE)
+    page = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE)
+    assert [(e.record.seq, e.membership_version) for e in page.entries] == [(1, 3), (2, 4), (3, 0)]
+    mine = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE, (4,))
+    assert [e.record.seq for e in mine.entries] == [2, 3] and mine.next_cursor.seq == 3
