@@ -7,10 +7,12 @@ is ``P:{n}`` and ``M`` the encoded ``T:k:O``:
 =====================  =======  ===================================================
 key                    type     what
 =====================  =======  ===================================================
-``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``w`` trim
-                                watermark, ``t`` append time of the oldest kept
-                                group, ``f:<partition>`` the newest fencing token
-                                seen from each outbox partition
+``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``d`` durable
+                                head (what Sync serves: the head the replicas were
+                                seen to hold), ``w`` trim watermark, ``t`` append
+                                time of the oldest kept group, ``f:<partition>``
+                                the newest fencing token seen from each outbox
+                                partition
 ``B:me:M``             zset     entries: score seq, member ``<seq>:<group>:
                                 <appended ms>:<conversation seq>:<enc conversation>:
                                 <enc message id>:<record json>`` (the Redis codec's
@@ -156,7 +158,7 @@ APPEND = script(
     """#!lua
 -- Appends to several mailboxes of one shard, each one all or nothing.
 -- KEYS: id, then (meta entries groups ids trimmed) per mailbox
--- ARGV: dep shift partition token retention_ms max_entries dedupe_window_ms n
+-- ARGV: dep shift partition token retention_ms max_entries dedupe_window_ms gated n
 --       (mid conv_seq conv record)*n,
 --       then per mailbox: floor epoch, floor head (0 0: none), count, record numbers (1-based)...
 --@prologue
@@ -164,6 +166,9 @@ APPEND = script(
 local token = tonumber(ARGV[4])
 local fence_field = 'f:' .. ARGV[3]
 local retention, max_entries, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- gated (replicas waited for): the durable head d moves only after a barrier
+-- (DURABLE); else every append is durable as it lands
+local gated = ARGV[8] == '1'
 local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floor_head, picks)
   local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
   if seen > token then return {'fenced', 0, 0, 0} end
@@ -173,8 +178,10 @@ local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floo
   if epoch < floor_epoch or (epoch == floor_epoch and head < floor_head) then
     return {'moved', epoch, head}
   end
-  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
+  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0, 'd', 0) end
   if seen < token then redis.call('HSET', meta, fence_field, token) end
+  -- a lane from before the durable head: what it held counts as durable
+  redis.call('HSETNX', meta, 'd', head)
   local group, added, dups, fresh = head + 1, 0, 0, {}
   for _, b in ipairs(picks) do
     local mid = ARGV[b]
@@ -191,6 +198,7 @@ local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floo
   end
   if added > 0 then
     redis.call('HSET', meta, 'h', head)
+    if not gated then redis.call('HSET', meta, 'd', head) end
     redis.call('HSETNX', meta, 't', now)
     redis.call('ZADD', groups, head, head .. ':' .. now)
   else
@@ -199,13 +207,13 @@ local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floo
   retain(meta, entries, groups, ids, trimmed, head, w, retention, max_entries, window)
   return {'ok', added, dups, group, epoch, head}
 end
-local n = tonumber(ARGV[8])
-local pos = 9 + n * 4
+local n = tonumber(ARGV[9])
+local pos = 10 + n * 4
 local out = {}
 for k = 2, #KEYS, 5 do
   local floor_epoch, floor_head = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local count, picks = tonumber(ARGV[pos + 2]), {}
-  for c = 1, count do picks[c] = 9 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
+  for c = 1, count do picks[c] = 10 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
   pos = pos + count + 3
   out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
     floor_epoch, floor_head, picks)
@@ -218,17 +226,23 @@ READ = script(
     "mailbox_read",
     """#!lua flags=no-writes
 -- KEYS: id meta entries groups    ARGV: dep shift after limit retention_ms
+-- The lane as readers see it: up to its durable head d only (the head the
+-- replicas were seen to hold; always a group's end), never an entry a failover
+-- could take away. Answers the real head too, so the caller can see a tail
+-- waiting for its barrier.
 --@prologue
-local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w', 't')
-local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w', 't', 'd')
+local epoch, real, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+-- (never below the watermark: what a trim took is gone either way)
+local head = math.max(w, math.min(real, tonumber(m[5] or m[2] or '0')))
 local after = tonumber(ARGV[3])
 local items = {}
 if after >= w and after <= head then
-  items = redis.call('ZRANGE', KEYS[3], '(' .. after, '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[4])
+  items = redis.call('ZRANGE', KEYS[3], '(' .. after, head, 'BYSCORE', 'LIMIT', 0, ARGV[4])
   if #items > 0 then  -- complete the last group
     local last = tonumber(string.match(items[#items], '^(%d+):'))
     local g = redis.call('ZRANGE', KEYS[4], last, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
-    local gend = g[1] and tonumber(string.match(g[1], '^(%d+):')) or last
+    local gend = math.min(head, g[1] and tonumber(string.match(g[1], '^(%d+):')) or last)
     if gend > last then
       for _, r in ipairs(redis.call('ZRANGE', KEYS[3], '(' .. last, gend, 'BYSCORE')) do
         items[#items + 1] = r
@@ -241,7 +255,26 @@ end
 local first = tonumber(m[4] or '-1')
 local stale = 0
 if first >= 0 and first <= now - tonumber(ARGV[5]) then stale = 1 end
-return {'ok', epoch, head, w, items, stale}
+return {'ok', epoch, head, w, items, stale, real}
+""",
+)
+
+DURABLE = script(
+    "mailbox_durable",
+    """#!lua
+-- After a barrier the replicas acknowledged: each lane's durable head d moves up
+-- to the head it had before the barrier, while the lane is still in that epoch.
+-- KEYS: id, then meta per mailbox    ARGV: dep shift, then (epoch head) per mailbox
+--@prologue
+for k = 2, #KEYS do
+  local epoch, head = tonumber(ARGV[2 * k - 1]), tonumber(ARGV[2 * k])
+  local m = redis.call('HMGET', KEYS[k], 'e', 'h', 'd')
+  if tonumber(m[1] or '1') == epoch and tonumber(m[3] or '0') < head
+      and head <= tonumber(m[2] or '0') then
+    redis.call('HSET', KEYS[k], 'd', head)
+  end
+end
+return {'ok'}
 """,
 )
 
@@ -284,13 +317,13 @@ NEW_EPOCH = script(
 --@prologue
 local epoch = math.max(tonumber(redis.call('HGET', KEYS[2], 'e') or '1'), tonumber(ARGV[3])) + 1
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
-redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
+redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0, 'd', 0)
 redis.call('HDEL', KEYS[2], 't', 'x')
 return {'ok', epoch, 0, 0}
 """,
 )
 
-SCRIPTS = (APPEND, READ, RETAIN, TRIM, NEW_EPOCH)
+SCRIPTS = (APPEND, READ, RETAIN, TRIM, NEW_EPOCH, DURABLE)
 
 
 class MailboxKeys:
@@ -378,6 +411,7 @@ class RedisMailboxStore(MailboxStore):
             s.retention_ms,
             s.max_entries,
             s.dedupe_ms,
+            1 if self._gated else 0,
         ]
         by_shard: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
@@ -404,9 +438,32 @@ class RedisMailboxStore(MailboxStore):
         done = [outcomes[index] for index in range(len(requests))]
         try:
             await self._durable(by_shard)
-        except StoreNotReplicated as exc:  # applied, maybe read: say what it did
+        except StoreNotReplicated as exc:  # applied, not yet readable: say what it did
             raise AppendNotReplicated(str(exc), done) from exc
+        if self._gated:
+            await self._publish(
+                [(requests[i].mailbox, done[i].epoch, done[i].head) for i in range(len(requests))]
+            )
         return done
+
+    @property
+    def _gated(self) -> bool:
+        """Whether readers wait for the replicas (``MC_REDIS_WAIT_REPLICAS`` > 0)."""
+        return self._replication is not None and self._replication.replicas > 0
+
+    async def _publish(self, heads: Sequence[tuple[Mailbox, int, int]]) -> None:
+        """After a barrier: each lane's durable head up to the head it answered, so
+        Sync serves it (one pipelined script per shard)."""
+        by_shard: dict[int, tuple[list[str], list[Any]]] = {}
+        for mailbox, epoch, head in heads:
+            if epoch <= 0:  # fenced, or refused below its floor: nothing to publish
+                continue
+            k = self._keys(mailbox)
+            keys, args = by_shard.setdefault(k.shard, ([k.identity], [*self._calls.head()]))
+            keys.append(k.meta)
+            args += [epoch, head]
+        if by_shard:
+            await self._calls.link.scripts(DURABLE, list(by_shard.values()), write=True)
 
     async def _durable(self, shards: Iterable[int]) -> None:
         """With ``MC_REDIS_WAIT_REPLICAS``, a barrier per shard written: an append is
@@ -448,21 +505,37 @@ class RedisMailboxStore(MailboxStore):
         return keys, [*head, len(numbers), *records, *picks]
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
-        """One read; on an idle lane whose oldest group is past retention, the
-        retention an append would have applied first, then the read again (so
-        an idle lane never serves what it should no longer hold)."""
+        """The lane up to its durable head (``READ``). On an idle lane whose oldest
+        group is past retention, the retention an append would have applied first,
+        then the read again (an idle lane never serves what it should no longer
+        hold). A tail past the durable head (its relay's barrier failed, or has
+        not returned yet) gets a barrier of this read's own, and is served when
+        the replicas hold it."""
+        rest = await self._read_once(mailbox, after_seq, limit)
+        real = codec.to_int(rest[5])
+        if self._gated and real > codec.to_int(rest[1]):
+            try:
+                await self._durable([self._keys(mailbox).shard])
+            except StoreNotReplicated:
+                pass  # not on the replicas yet: serve what is
+            else:
+                await self._publish([(mailbox, codec.to_int(rest[0]), real)])
+                rest = await self._read_once(mailbox, after_seq, limit)
+        entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
+        return LaneRead(_state(rest), entries)
+
+    async def _read_once(self, mailbox: Mailbox, after_seq: int, limit: int) -> list[Any]:
         k = self._keys(mailbox)
         keys = [k.identity, k.meta, k.entries, k.groups]
         args = [after_seq, limit, self.settings.retention_ms]
         for retained in range(STALE_RETAINS + 1):
             word, rest = await self._calls.run(READ, keys, args, write=False)
-            if word != b"ok" or len(rest) != 5 or not isinstance(rest[3], list):
+            if word != b"ok" or len(rest) != 6 or not isinstance(rest[3], list):
                 raise StoreCorrupt("redis gave an unexpected reply")
             if not rest[4] or retained == STALE_RETAINS:
                 break
             await self._retain(mailbox)
-        entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
-        return LaneRead(_state(rest), entries)
+        return list(rest)
 
     async def _retain(self, mailbox: Mailbox) -> None:
         s = self.settings
