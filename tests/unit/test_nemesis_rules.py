@@ -7,11 +7,14 @@ and nothing that was never sent."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from toolkit.nemesis.checker import check, summary
 from toolkit.nemesis.history import Completion, Op, Record
+from toolkit.nemesis.replicas import REPO
+from toolkit.nemesis.sabotage import MODES, broken_build
 
 
 class H:
@@ -195,3 +198,48 @@ def test_each_rule_is_checked(rule: str) -> None:
     h = H()
     build(h)
     assert kind in kinds(h), kinds(h)
+
+
+SABOTAGED: dict[str, tuple[Callable[[H], object], str]] = {
+    "identity": (
+        lambda h: (h.ack("a", 1, 10, 20), h.ack("a", 1, 30, 40, digest="d-a-edited"),
+                   h.read(1000, 1001, ("a", 1))),
+        "conflict-acked",
+    ),
+    "changed-replay": (
+        lambda h: (h.ack("a", 1, 10, 20), h.ack("a", 2, 30, 40), h.read(1000, 1001, ("a", 1))),
+        "ack-mismatch",
+    ),
+    "wrong-refusal": (
+        lambda h: (h.ack("a", 1, 10, 20),
+                   h.refused("a", "FAILED_PRECONDITION", "IDEMPOTENCY_CONFLICT", 30,
+                             digest="d-a-edited"),
+                   h.read(1000, 1001, ("a", 1))),
+        "wrong-refusal",
+    ),
+    "stale-read": (
+        lambda h: (h.ack("a", 1, 10, 20), h.ack("b", 2, 30, 40),
+                   h.read(50, 60, ("a", 1), last_seq=2), h.read(1000, 1001, ("a", 1), last_seq=2)),
+        "stale-read",
+    ),
+}  # fmt: skip
+"""What each sabotage mode makes a history look like, and the rule that must catch it."""
+
+
+def test_every_sabotage_mode_has_a_synthetic_history() -> None:
+    assert set(SABOTAGED) == set(MODES)
+
+
+@pytest.mark.parametrize("mode", sorted(SABOTAGED))
+def test_each_sabotage_mode_is_caught_on_a_synthetic_history(mode: str) -> None:
+    build, kind = SABOTAGED[mode]
+    h = H()
+    build(h)
+    assert kind in kinds(h), kinds(h)
+
+
+def test_every_sabotage_mode_still_finds_the_lines_it_breaks(tmp_path: Path) -> None:
+    for mode in MODES:
+        root = broken_build(REPO, tmp_path, mode)
+        for edit in MODES[mode].edits:
+            assert edit.broken in (root / edit.path).read_text()
