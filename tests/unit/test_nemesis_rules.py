@@ -243,3 +243,13 @@ def test_every_sabotage_mode_still_finds_the_lines_it_breaks(tmp_path: Path) -> 
         root = broken_build(REPO, tmp_path, mode)
         for edit in MODES[mode].edits:
             assert edit.broken in (root / edit.path).read_text()
+
+
+def test_a_read_during_the_run_never_stands_in_for_a_failed_final_read() -> None:
+    h = H()
+    h.ack("a", 1, 10, 20)
+    h.read(30, 40, ("a", 1))
+    h.ack("b", 2, 50, 60)
+    h.commit("c", 1000, Completion("unknown", 1001, reason="UNAVAILABLE"))
+    h.ops.append(Op(len(h.ops) + 1, 0, "read", "t", "c1", 2000, done=Completion("unknown", 2001)))
+    assert kinds(h) == {"no-final-read": 1}

@@ -4,7 +4,7 @@ Tenant-wide, the refusal rules (``wrong-refusal``, ``non-member-acked``: ``keys.
 with the table of ``outcomes.py``) and ``duplicate-message`` for a key recorded in
 two conversations; per conversation, the reads taken during the run (``stale-read``,
 ``last-seq``, ``last-seq-shrank``...: ``reads.py``) and, against its final
-full-history read (the last read that returned):
+full-history read (the last read invoked, when it returned):
 
 * ``lost-ack``: an ACK whose key is not in the history;
 * ``ack-not-at-seq``: an ACK whose key is in the history at another seq, or with
@@ -48,9 +48,10 @@ def check(ops: Iterable[Op]) -> list[Anomaly]:
         by_conversation[(op.tenant, op.conversation)].append(op)
     finals: dict[tuple[str, str], Op] = {}
     for where, conv_ops in by_conversation.items():
-        done = [o for o in conv_ops if o.kind == "read" and o.acked]
-        if done:
-            finals[where] = max(done, key=lambda o: o.mono_ns)
+        read = [o for o in conv_ops if o.kind == "read"]
+        last = max(read, key=lambda o: o.mono_ns) if read else None
+        if last is not None and last.acked:  # a read during the run never stands in
+            finals[where] = last
     keys = Keys.build(every, finals.values())
     found: list[Anomaly] = []
     for (tenant, conversation), conv_ops in sorted(by_conversation.items()):

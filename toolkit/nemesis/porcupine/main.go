@@ -128,14 +128,21 @@ type holder struct {
 func tenantKey(l Line) string { return l.Tenant + "/" + key(l.Sender, l.Cmid) }
 
 func build(ops map[int64]*pending, order []int64, refusals map[string]string) map[string][]porcupine.Operation {
-	final := map[string]*pending{} // the last completed read of each conversation
+	// The final read of a conversation is its last read invoked (the one after heal
+	// and recovery), when that one returned; a read during the run never stands in.
+	final := map[string]*pending{}
 	for _, id := range order {
 		p := ops[id]
-		if p.call.Kind == "read" && p.complete != nil && p.complete.Outcome == "ok" {
+		if p.call.Kind == "read" {
 			c := conversationOf(p.call)
 			if prev, ok := final[c]; !ok || prev.call.MonoNs < p.call.MonoNs {
 				final[c] = p
 			}
+		}
+	}
+	for c, p := range final {
+		if p.complete == nil || p.complete.Outcome != "ok" {
+			delete(final, c)
 		}
 	}
 	f := facts{map[string]map[string]bool{}, map[string][]holder{}, map[string]int64{}, refusals}
