@@ -266,6 +266,12 @@ class ServiceConfig:
     mailbox_max_entries: int = 10_000
     """Most entries one mailbox lane keeps; older groups are trimmed."""
 
+    mailbox_dedupe_window: float = field(default=86400.0, metadata=_DURATION)
+    """How long a lane remembers the message ids of entries trimmed by count, so a
+    reconciled or requeued message is not appended twice (at most
+    MC_MAILBOX_RETENTION, at least 1h); the relay and requeue refuse messages
+    older than it (dead letters). Costs about 230 bytes per remembered id on Redis."""
+
     subscribe_poll_interval: float = field(default=1.0, metadata=_DURATION)
     """How often the replica's one lane watcher reads the heads of every subscribed lane."""
 
@@ -299,7 +305,8 @@ class ServiceConfig:
 
     relay_outbox_retention: float = field(default=86400.0, metadata=_DURATION)
     """How long delivered outbox entries are kept before the relay trims them
-    (Redis streams; the Scylla outbox expires by TTL)."""
+    (Redis streams; Scylla hour buckets once all their entries are settled:
+    undelivered entries never expire)."""
 
     relay_dead_letter_retention: float = field(default=30 * 86400.0, metadata=_DURATION)
     """How long the relay keeps dead letters before it drops them, counted and
@@ -352,6 +359,7 @@ class ServiceConfig:
         return MailboxSettings(
             retention_ms=int(self.mailbox_retention * 1000),
             max_entries=self.mailbox_max_entries,
+            dedupe_window_ms=int(self.mailbox_dedupe_window * 1000),
         )
 
     def delivery_settings(self) -> DeliverySettings:
@@ -650,6 +658,11 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             " must point at a message history still holds"
         )
     split_address(config.relay_http_address, "MC_RELAY_HTTP_ADDRESS/--relay-http-address")
+    if config.mailbox_dedupe_window < 3600.0:
+        raise ConfigError(
+            "MC_MAILBOX_DEDUPE_WINDOW must be at least 1h: the relay refuses older messages,"
+            " and a shorter window would refuse entries it is still retrying"
+        )
     if config.relay_batch > 1000:
         raise ConfigError("MC_RELAY_BATCH must be at most 1000")
     if config.relay_lease < 1.0:

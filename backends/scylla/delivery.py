@@ -96,6 +96,7 @@ async def open_delivery(
             namespace,
             clock,
             settle_window_ms=settings.settle_window_ms,
+            outbox_retention_ms=settings.outbox_retention_ms,
             dead_letter_retention_ms=settings.dead_letter_retention_ms,
         ),
         index=ScyllaConversationIndex(cql),

@@ -92,6 +92,12 @@ def page_to_proto(page: MailboxPage) -> pb.SyncResponse:
         )
         for e in page.entries
     ]
+    if page.withheld:  # in seq order among the others: the page stays gap-free
+        events += [
+            pb.MailboxEvent(seq=seq, group_id=group, withheld=pb.Withheld())
+            for seq, group in page.withheld
+        ]
+        events.sort(key=lambda e: e.seq)
     c = page.next_cursor
     return pb.SyncResponse(
         events=events,
@@ -110,7 +116,9 @@ def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
             e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
         )
         for e in msg.events
+        if e.WhichOneof("event") == "message_added"
     )
+    withheld = tuple((e.seq, e.group_id) for e in msg.events if e.HasField("withheld"))
     return MailboxPage(
         lane=c.lane,
         entries=entries,
@@ -118,6 +126,7 @@ def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
         more=msg.more,
         trim_watermark=msg.trim_watermark,
         head=msg.head,
+        withheld=withheld,
     )
 
 

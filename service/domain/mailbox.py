@@ -206,6 +206,9 @@ class MailboxPage:
     more: bool
     trim_watermark: int
     head: int
+    withheld: tuple[tuple[int, int], ...] = ()
+    """(seq, group id) of the entries the reader may not read (``readable``): sent
+    as ``withheld`` events in their place, so the page stays gap-free."""
 
 
 def check_cursor(lane: str, cursor: MailboxCursor, state: LaneState) -> int:
@@ -284,21 +287,26 @@ def build_page(
     at most ``MAX_PAGE_BYTES``) allow; at least one group when there is one, even
     if it alone is over either (``split_group`` keeps a group within
     ``MAX_GROUP_BYTES``, or one entry). A group's entries the reader may not
-    see (``readable``) are left out and cost nothing; the cursor still moves
-    past them, so the lane stays gap-free for the client and paging always
-    progresses over what was read.
+    see (``readable``) are *withheld*: the page names their seqs and carries
+    nothing of them, so the lane stays gap-free for the client (which checks
+    it), they cost no bytes, and each counts as one event against ``limit``.
     """
     after = check_cursor(lane, cursor, read.state)
     max_bytes = min(max_bytes, MAX_PAGE_BYTES)
     taken: list[MailboxEntry] = []
+    withheld: list[tuple[int, int]] = []
     used = 0
     last = after
     for group in groups(e for e in read.entries if e.seq > after):
         shown = [e for e in group if readable(reader, e.membership_version)]
         size = sum(e.size_bytes() for e in shown)
-        if shown and taken and (len(taken) + len(shown) > limit or used + size > max_bytes):
+        events = len(taken) + len(withheld)
+        if events and (events + len(group) > limit or used + size > max_bytes):
             break
         taken += shown
+        if len(shown) < len(group):
+            shown_seqs = {e.seq for e in shown}
+            withheld += [(e.seq, e.group_id) for e in group if e.seq not in shown_seqs]
         used += size
         last = group[-1].seq
     return MailboxPage(
@@ -308,6 +316,7 @@ def build_page(
         more=last < read.state.head,
         trim_watermark=read.state.watermark,
         head=read.state.head,
+        withheld=tuple(withheld),
     )
 
 
@@ -358,3 +367,50 @@ def trim_cut(
             break
         cut = end
     return cut
+
+
+def dedupe_cut(
+    dedupe_mark: int,
+    watermark: int,
+    group_ends: Sequence[tuple[int, int]],
+    *,
+    now_ms: int,
+    window_ms: int,
+) -> int:
+    """The new dedupe mark (>= ``dedupe_mark``): the highest seq whose message id
+    the lane forgets.
+
+    A lane remembers the message id of every entry it holds and, after a trim
+    (by count or by hand), of every trimmed entry whose group was appended less
+    than ``window_ms`` ago: a redelivery within the window is still deduped
+    (``too_old_to_deliver`` refuses the rest). ``group_ends`` are (last seq,
+    appended ms) of the groups above ``dedupe_mark``, in seq order; the ids of
+    whole groups at or below ``watermark`` appended at or before ``now -
+    window`` go, oldest first.
+    """
+    cut = dedupe_mark
+    for end, appended in group_ends:
+        if end > watermark or appended > now_ms - window_ms:
+            break
+        cut = end
+    return cut
+
+
+MAX_REFUSAL_MARGIN_MS = 3_600_000
+"""At most this much of the dedupe window is kept as the margin of
+``too_old_to_deliver`` (a tenth of it when that is less)."""
+
+
+def refusal_margin_ms(window_ms: int) -> int:
+    """What ``too_old_to_deliver`` keeps back from the window: it covers the time
+    between the relay's check and the append, and the skew between the clocks
+    that stamp a record (commit) and a group (append) and that trim."""
+    return min(MAX_REFUSAL_MARGIN_MS, window_ms // 10)
+
+
+def too_old_to_deliver(server_ts_ms: int, *, now_ms: int, window_ms: int) -> bool:
+    """True when a message committed at ``server_ts_ms`` must not be appended any
+    more: a lane may have held it and forgotten its id (``dedupe_cut``), so an
+    append could add it twice. A message younger than ``window - margin`` was
+    appended (if ever) at or after its commit, so its id is still remembered."""
+    return now_ms - server_ts_ms >= window_ms - refusal_margin_ms(window_ms)

@@ -7,6 +7,7 @@ import pytest
 
 from backends.redis import codec
 from backends.scylla.mailbox import entry_of as scylla_entry
+from service.api.mailbox import page_from_proto, page_to_proto
 from service.domain.mailbox import (
     UNKNOWN_VERSION,
     LaneRead,
@@ -84,15 +85,32 @@ def test_a_page_leaves_out_what_the_reader_may_not_see_and_its_cursor_passes_it(
     assert seqs(REMOVED, MailboxCursor(LANE)) == ([2], 7, False)  # passes all it read
 
 
-def test_a_filtered_page_keeps_what_it_shows_of_a_group_together_and_progresses() -> None:
-    # limit counts what is shown: group 1 shows one entry, group 3 none (free), group 4 one
-    assert seqs(REJOINED, MailboxCursor(LANE), limit=2) == ([2, 5], 5, True)
-    # the next group shows two, over the limit of 1: still one group, never none
-    assert seqs(REJOINED, MailboxCursor(LANE, 1, 5), limit=1) == ([6, 7], 7, False)
-    # nothing shown at all: an empty page whose cursor still moves to what was read
+def test_a_filtered_page_withholds_in_place_what_it_leaves_out_and_progresses() -> None:
+    page = build_page(LANE, MailboxCursor(LANE), READ, 100, 1 << 20, REJOINED)
+    assert page.withheld == ((1, 1), (3, 3), (4, 4))  # seq and group, nothing else
+    shown = sorted([*(e.seq for e in page.entries), *(s for s, _ in page.withheld)])
+    assert shown == list(range(1, 8))  # with the withheld ones the page has no gap
+    # limit counts every event, withheld ones too; a group is never split
+    assert seqs(REJOINED, MailboxCursor(LANE), limit=3) == ([2], 3, True)
+    # the next group is over a limit of 1: still one whole group, never none
+    assert seqs(REJOINED, MailboxCursor(LANE, 1, 3), limit=1) == ([5], 5, True)
+    # nothing shown at all: a page of withheld events whose cursor moves past them
     only_hidden = LaneRead(LaneState(1, 9, 0), (entry(8, 8, 4), entry(9, 9, 5)))
     page = build_page(LANE, MailboxCursor(LANE, 1, 7), only_hidden, 1, 1 << 20, REJOINED)
-    assert page.entries == () and page.next_cursor.seq == 9 and not page.more
+    assert page.entries == () and page.withheld == ((8, 8),) and page.next_cursor.seq == 8
+    assert page.more
+
+
+def test_withheld_entries_travel_as_their_own_event_kind_in_seq_order() -> None:
+    page = build_page(LANE, MailboxCursor(LANE), READ, 100, 1 << 20, REJOINED)
+    wire = page_to_proto(page)
+    assert [(e.seq, e.WhichOneof("event")) for e in wire.events] == [
+        (1, "withheld"), (2, "message_added"), (3, "withheld"), (4, "withheld"),
+        (5, "message_added"), (6, "message_added"), (7, "message_added"),
+    ]  # fmt: skip
+    back = page_from_proto(wire)  # the version an entry carries stays on the server
+    assert back.withheld == page.withheld
+    assert [e.record for e in back.entries] == [e.record for e in page.entries]
 
 
 def test_entries_whose_delivery_was_frozen_inline_carry_no_version() -> None:
