@@ -230,7 +230,9 @@ class Chat:
             return
         for r in reversed(page.records):
             self.say(self.line_of(LocalMessage(r, Origin.HISTORY)))
-        if page.records:
+        if page.next_anchor:  # past the records the user may not read too (hidden_seqs)
+            self.oldest = page.next_anchor
+        elif page.records:
             self.oldest = min(r.seq for r in page.records)
         self.say(f"· {len(page.records)} older message(s)")
 
