@@ -1,0 +1,156 @@
+"""What the soak sent and what its readers saw, and the check of one against the other.
+
+Pure data and rules (no I/O), so the checker can be tested with a broken history.
+
+* ``Ledger``: every send by key ``(conversation, sender, cmid)`` and its outcome: the
+  message id of its ACK, or none (the outcome stayed unknown), and the conversations
+  with their (static) members and whether they use their own lane.
+* ``Observations``: every entry a reader saw, as ``(mailbox, epoch, seq) -> message``.
+  A seq that shows another message than before in the same epoch is a *reused seq*
+  (the client-visible violation), recorded the moment it is seen.
+* ``check``: every ACKed message in every intended mailbox, once per epoch it shows
+  in (missing: in none; duplicate: twice in one epoch); nothing in a mailbox that was
+  never sent, is not addressed to it, or carries another id than its ACK; an unknown
+  send at most once per epoch; plus the reused seqs.
+
+A mailbox is ``inbox:<user>`` or ``conversation:<id>`` (a big conversation's lane, the
+same whichever member reads it). Who gets a message follows the relay
+(``service/domain/targets.py``): every member of the conversation at commit, the sender
+included, in their inboxes; or one entry in the conversation's own lane when it has more
+members than the fan-out threshold. A lane that starts a new epoch (a rebuild) holds only
+what was written after it; the client rebuilds the rest from History, so an entry seen in
+any epoch of the mailbox counts as delivered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+Key = tuple[str, str, str]
+"""(conversation, sender, cmid)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One entry a reader saw."""
+
+    key: Key
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    name: str
+    members: frozenset[str]
+    own_lane: bool
+
+    def mailboxes(self) -> tuple[str, ...]:
+        if self.own_lane:
+            return (f"conversation:{self.name}",)
+        return tuple(f"inbox:{user}" for user in sorted(self.members))
+
+
+@dataclass
+class Ledger:
+    conversations: dict[str, Conversation] = field(default_factory=dict)
+    acked: dict[Key, str] = field(default_factory=dict)
+    """key -> message id of its ACK"""
+    unknown: set[Key] = field(default_factory=set)
+    """keys whose outcome stayed unknown (never ACKed)"""
+
+    def add_conversation(self, name: str, members: frozenset[str], threshold: int) -> None:
+        self.conversations[name] = Conversation(name, members, len(members) > threshold)
+
+    def ack(self, key: Key, message_id: str) -> None:
+        self.acked[key] = message_id
+        self.unknown.discard(key)
+
+    def lost_track(self, key: Key) -> None:
+        if key not in self.acked:
+            self.unknown.add(key)
+
+
+@dataclass
+class Observations:
+    slots: dict[tuple[str, int, int], Seen] = field(default_factory=dict)
+    reused: list[str] = field(default_factory=list)
+    entries: int = 0
+    """Entries read (re-reads included)."""
+
+    def see(self, mailbox: str, epoch: int, seq: int, seen: Seen) -> None:
+        self.entries += 1
+        slot = (mailbox, epoch, seq)
+        before = self.slots.setdefault(slot, seen)
+        if before.message_id != seen.message_id:
+            self.reused.append(
+                f"reused seq: {mailbox} epoch {epoch} seq {seq} showed {before.message_id}"
+                f" and later {seen.message_id}"
+            )
+            self.slots[slot] = seen
+
+    def epochs(self) -> dict[str, set[int]]:
+        found: dict[str, set[int]] = {}
+        for mailbox, epoch, _ in self.slots:
+            found.setdefault(mailbox, set()).add(epoch)
+        return found
+
+
+@dataclass
+class Findings:
+    checked: int = 0
+    """(ACKed message, intended mailbox) pairs checked."""
+    missing: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    stray: list[str] = field(default_factory=list)
+    """never sent, not addressed to the mailbox, or another id than the ACK's"""
+    reused: list[str] = field(default_factory=list)
+
+    @property
+    def violations(self) -> list[str]:
+        return [*self.missing, *self.duplicates, *self.stray, *self.reused]
+
+
+def check(ledger: Ledger, observations: Observations) -> Findings:
+    found = Findings(reused=list(observations.reused))
+    # (mailbox, epoch) -> how often each key shows, and the keys per mailbox
+    per_epoch: dict[tuple[str, int], Counter[Key]] = {}
+    in_mailbox: dict[str, set[Key]] = {}
+    for (mailbox, epoch, seq), seen in sorted(observations.slots.items()):
+        per_epoch.setdefault((mailbox, epoch), Counter())[seen.key] += 1
+        in_mailbox.setdefault(mailbox, set()).add(seen.key)
+        problem = _stray(ledger, mailbox, seen)
+        if problem:
+            found.stray.append(f"{problem}: {mailbox} epoch {epoch} seq {seq} {seen.message_id}")
+    for (mailbox, epoch), counts in sorted(per_epoch.items()):
+        for key, n in sorted(counts.items()):
+            if n > 1:
+                found.duplicates.append(
+                    f"duplicate: {mailbox} epoch {epoch} holds {_name(key)} {n} times"
+                )
+    for key in sorted(ledger.acked):
+        conversation = ledger.conversations.get(key[0])
+        if conversation is None:
+            continue
+        for mailbox in conversation.mailboxes():
+            found.checked += 1
+            if key not in in_mailbox.get(mailbox, set()):
+                found.missing.append(f"missing: {_name(key)} ({ledger.acked[key]}) in {mailbox}")
+    return found
+
+
+def _stray(ledger: Ledger, mailbox: str, seen: Seen) -> str:
+    key = seen.key
+    conversation = ledger.conversations.get(key[0])
+    if conversation is None or (key not in ledger.acked and key not in ledger.unknown):
+        return "never sent"
+    if mailbox not in conversation.mailboxes():
+        return "not addressed to this mailbox"
+    acked = ledger.acked.get(key)
+    if acked is not None and acked != seen.message_id:
+        return f"another message id than its ACK's {acked}"
+    return ""
+
+
+def _name(key: Key) -> str:
+    return f"{key[0]}/{key[1]}/{key[2]}"
