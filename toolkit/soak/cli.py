@@ -50,6 +50,7 @@ RELAY_CLOCKS = ("+1s", "-1s")
 SERVE_FLAGS = ["--recovery-interval", "2s", "--recovery-grace", "5s", "--sender-rate-per-s",
                "0", "--readiness-interval", "500ms"]  # fmt: skip
 CREATE_TRIES = 30
+FINAL_TRIES = 30
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load and faults")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--fault-interval", type=float, default=20.0, help="seconds between faults")
+    p.add_argument("--relays", type=int, default=2, choices=[1, 2])
     p.add_argument("--senders", type=int, default=6)
     p.add_argument("--users", type=int, default=12)
     p.add_argument("--small", type=int, default=6, help="conversations of 2-5 members")
@@ -95,6 +97,7 @@ class Soak:
         scylla = a.backend == "scylla"
         serve_clocks = [faketime_prefix(c) for c in SERVE_CLOCKS] if scylla else [[]] * 3
         relay_clocks = [faketime_prefix(c) for c in RELAY_CLOCKS] if scylla else [[]] * 2
+        relay_clocks = relay_clocks[: a.relays]
         await self.storage.start()
         self.log(f"storage {a.backend} up")
         env = {**self.storage.serve_env(), "MC_FANOUT_THRESHOLD": str(a.fanout_threshold),
@@ -110,7 +113,7 @@ class Soak:
             await asyncio.to_thread(proc.start)
         clocks = ", ".join(f"{p.name} {' '.join(p.prefix[1:]) or 'real clock'}"
                            for p in [*self.serves, *self.relays])  # fmt: skip
-        self.log(f"3 serve + 2 relay processes ready ({clocks})")
+        self.log(f"3 serve + {len(self.relays)} relay processes ready ({clocks})")
 
     async def create_conversations(self, clients: Clients) -> None:
         a = self.args
@@ -212,7 +215,12 @@ class Soak:
         progress.cancel()
         final = final_readers(self.ledger, clients, self.observations)
         for i, reader in enumerate(final):
-            await reader.read_all(i)
+            for attempt in range(FINAL_TRIES):  # to the end of each lane, whichever replica
+                if await reader.read_all(i + attempt):
+                    break
+                await asyncio.sleep(1.0)
+            else:
+                self.failed.append(f"final read: {reader.user} {reader.lanes} did not complete")
         return self._report(senders, [*the_readers, *final], resolved, drained, clients)
 
     async def _drain(self) -> float:
@@ -260,7 +268,7 @@ class Soak:
         for line in found.violations[:30]:
             print(f"  {line}")
         for line in self.failed:
-            print(f"  fault not observed: {line}")
+            print(f"  not done: {line}")
         if len(self.ledger.acked) < min_acks:
             print(f"  too few ACKs: {len(self.ledger.acked)} < {min_acks}")
         print(f"violations: {len(found.violations)}", flush=True)

@@ -136,11 +136,14 @@ class Reader:
     def mailbox(user: str, lane: str) -> str:
         return f"inbox:{user}" if lane == INBOX else lane
 
-    async def read_all(self, n: int) -> None:
+    async def read_all(self, n: int) -> bool:
+        """One pass over the lanes; False when a read failed (the next pass goes on)."""
+        ok = True
         for lane in self.lanes:
-            await self.read_lane(lane, n)
+            ok = await self.read_lane(lane, n) and ok
+        return ok
 
-    async def read_lane(self, lane: str, n: int) -> None:
+    async def read_lane(self, lane: str, n: int) -> bool:
         cursor = self.cursors.get(lane, MailboxCursor(lane))
         client = self.clients.pick(n)
         mailbox = self.mailbox(self.user, lane)
@@ -162,7 +165,10 @@ class Reader:
                     break
         except Exception as exc:  # a replica down: the next pass goes on from the cursor
             self.clients.errors[f"sync {type(exc).__name__}"] += 1
+            self.cursors[lane] = cursor
+            return False
         self.cursors[lane] = cursor
+        return True
 
 
 def readers(ledger: Ledger, clients: Clients, observations: Observations) -> list[Reader]:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from toolkit.nemesis.topology import RedisTopology, ScyllaTopology
-from toolkit.nemesis.toxiproxy import ToxiproxyServer
+from toolkit.nemesis.toxiproxy import Toxiproxy
 
 FAILOVER_TIMEOUT_S = 60.0
 REPLICATED_TIMEOUT_S = 90.0
-MASTER_NAME = "mymaster"
 DOWN_S = 3.0
 """How long a killed node stays down before its restart."""
 
@@ -36,8 +35,7 @@ class FaultNotObserved(RuntimeError):
 class Storage:
     def __init__(self, backend: str, work: Path) -> None:
         self.backend = backend
-        self.toxiproxy = ToxiproxyServer(log_dir=work)
-        toxi = self.toxiproxy.start()
+        toxi = cast(Toxiproxy, _NoProxies())
         self.topology: RedisTopology | ScyllaTopology
         if backend == "redis":
             self.topology = RedisTopology(work, toxi, "sentinel")
@@ -49,7 +47,11 @@ class Storage:
         await self.topology.start()
 
     def serve_args(self) -> list[str]:
-        return self.topology.serve_args()
+        args = self.topology.serve_args()
+        if "--scylla-node-proxies" in args:  # straight to the nodes: no Toxiproxy here
+            at = args.index("--scylla-node-proxies")
+            del args[at : at + 2]
+        return args
 
     def serve_env(self) -> dict[str, str]:
         env = self.topology.serve_env()
@@ -102,7 +104,7 @@ class Storage:
         for node in sentinel.sentinels:
             try:
                 with node.client() as c:
-                    c.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
+                    c.execute_command("SENTINEL", "FAILOVER", _master_name())
                 return
             except Exception as exc:  # e.g. INPROG: try the next Sentinel
                 last = exc
@@ -124,7 +126,18 @@ class Storage:
         return f"node {index} killed, back in {took:.0f}s"
 
     def close(self) -> None:
-        try:
-            self.topology.close()
-        finally:
-            self.toxiproxy.stop()
+        self.topology.close()
+
+
+def _master_name() -> str:
+    from tests.servers.redis_topologies import MASTER_NAME  # loaded by RedisTopology
+
+    return str(MASTER_NAME)
+
+
+class _NoProxies:
+    """Stands in for Toxiproxy: the soak's faults are kills and failovers, not toxics,
+    so the topologies' proxies are not made and the processes reach the nodes directly."""
+
+    def create_proxy(self, name: str, listen: str, upstream: str) -> None:
+        del name, listen, upstream
