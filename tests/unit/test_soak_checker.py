@@ -89,3 +89,12 @@ def test_an_unknown_send_may_show_once_but_not_twice() -> None:
     assert check(ledger, seen).violations == []
     seen.see("inbox:ann", 1, 3, Seen(maybe, "m4"))
     assert len(check(ledger, seen).duplicates) == 1
+
+
+def test_a_lost_commit_seen_in_an_epoch_the_lane_left_is_healed_not_a_violation() -> None:
+    seen = _clean()
+    seen.see("inbox:ann", 1, 2, Seen(("small", "ann", "lost"), "m8"))  # its commit was lost
+    seen.see("inbox:ann", 2, 1, Seen(SMALL, "m1"))  # the relay started epoch 2
+    found = check(_ledger(), seen)
+    assert found.violations == []
+    assert found.healed == ["never sent: inbox:ann epoch 1 seq 2 m8"]

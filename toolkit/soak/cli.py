@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import sys
 import tempfile
@@ -265,6 +266,8 @@ class Soak:
             f"duplicates {len(found.duplicates)}, missing {len(found.missing)}, "
             f"stray {len(found.stray)}, reused seqs {len(found.reused)}"
         )
+        if a.keep_dir is not None:
+            self._save(a.keep_dir / "history.json")
         for line in found.violations[:30]:
             print(f"  {line}")
         for line in self.failed:
@@ -274,6 +277,18 @@ class Soak:
         print(f"violations: {len(found.violations)}", flush=True)
         bad = found.violations or self.failed or len(self.ledger.acked) < min_acks
         return 1 if bad else 0
+
+    def _save(self, path: Path) -> None:
+        """The ledger and every observation, to check again or to dig into."""
+        saved = {
+            "conversations": {n: sorted(c.members) for n, c in self.ledger.conversations.items()},
+            "acked": [[*k, v] for k, v in sorted(self.ledger.acked.items())],
+            "unknown": sorted(self.ledger.unknown),
+            "slots": [[m, e, s, *v.key, v.message_id]
+                      for (m, e, s), v in sorted(self.observations.slots.items())],
+            "reused": self.observations.reused,
+        }  # fmt: skip
+        path.write_text(json.dumps(saved))
 
     def close(self) -> None:
         for proc in [*self.relays, *self.serves]:

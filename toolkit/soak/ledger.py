@@ -10,8 +10,10 @@ Pure data and rules (no I/O), so the checker can be tested with a broken history
   (the client-visible violation), recorded the moment it is seen.
 * ``check``: every ACKed message in every intended mailbox, once per epoch it shows
   in (missing: in none; duplicate: twice in one epoch); nothing in a mailbox that was
-  never sent, is not addressed to it, or carries another id than its ACK; an unknown
-  send at most once per epoch; plus the reused seqs.
+  never sent, is not addressed to it, or carries another id than its ACK (a message
+  whose commit a failover lost is allowed in an epoch the lane has left since: the
+  clients rebuilt from History, which does not hold it); an unknown send at most once
+  per epoch; plus the reused seqs.
 
 A mailbox is ``inbox:<user>`` or ``conversation:<id>`` (a big conversation's lane, the
 same whichever member reads it). Who gets a message follows the relay
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+NOT_ADDRESSED = "not addressed to this mailbox"
 Key = tuple[str, str, str]
 """(conversation, sender, cmid)"""
 
@@ -104,6 +107,9 @@ class Findings:
     duplicates: list[str] = field(default_factory=list)
     stray: list[str] = field(default_factory=list)
     """never sent, not addressed to the mailbox, or another id than the ACK's"""
+    healed: list[str] = field(default_factory=list)
+    """never sent or another id, but in an epoch the lane left since: a failover lost
+    the commit and the lane, clients got CURSOR_EXPIRED and rebuilt from History"""
     reused: list[str] = field(default_factory=list)
 
     @property
@@ -116,12 +122,15 @@ def check(ledger: Ledger, observations: Observations) -> Findings:
     # (mailbox, epoch) -> how often each key shows, and the keys per mailbox
     per_epoch: dict[tuple[str, int], Counter[Key]] = {}
     in_mailbox: dict[str, set[Key]] = {}
+    latest = {mailbox: max(epochs) for mailbox, epochs in observations.epochs().items()}
     for (mailbox, epoch, seq), seen in sorted(observations.slots.items()):
         per_epoch.setdefault((mailbox, epoch), Counter())[seen.key] += 1
         in_mailbox.setdefault(mailbox, set()).add(seen.key)
         problem = _stray(ledger, mailbox, seen)
         if problem:
-            found.stray.append(f"{problem}: {mailbox} epoch {epoch} seq {seq} {seen.message_id}")
+            text = f"{problem}: {mailbox} epoch {epoch} seq {seq} {seen.message_id}"
+            superseded = epoch < latest[mailbox] and problem != NOT_ADDRESSED
+            (found.healed if superseded else found.stray).append(text)
     for (mailbox, epoch), counts in sorted(per_epoch.items()):
         for key, n in sorted(counts.items()):
             if n > 1:
@@ -145,7 +154,7 @@ def _stray(ledger: Ledger, mailbox: str, seen: Seen) -> str:
     if conversation is None or (key not in ledger.acked and key not in ledger.unknown):
         return "never sent"
     if mailbox not in conversation.mailboxes():
-        return "not addressed to this mailbox"
+        return NOT_ADDRESSED
     acked = ledger.acked.get(key)
     if acked is not None and acked != seen.message_id:
         return f"another message id than its ACK's {acked}"
