@@ -264,7 +264,8 @@ class Soak:
         )
         print(
             f"duplicates {len(found.duplicates)}, missing {len(found.missing)}, "
-            f"stray {len(found.stray)}, reused seqs {len(found.reused)}"
+            f"stray {len(found.stray)}, reused seqs {len(found.reused)}; lost commits seen only"
+            f" in epochs the lane left (healed by the rebuild) {len(found.healed)}"
         )
         if a.keep_dir is not None:
             self._save(a.keep_dir / "history.json")
