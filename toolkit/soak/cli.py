@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.api.errors import ConversationExists
-from toolkit.soak.ledger import Ledger, Observations, check
+from toolkit.soak.ledger import Findings, Ledger, Observations, check, from_saved
 from toolkit.soak.load import Clients, Reader, Senders, final_readers, reader_loop, readers
 from toolkit.soak.procs import Proc, ProcError, faketime_prefix
 from toolkit.soak.storage import FaultNotObserved, Storage
@@ -70,7 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=300.0)
     p.add_argument("--min-acks", type=int, default=None, help="default: one per 3 s of load")
     p.add_argument("--progress-interval", type=float, default=60.0)
-    p.add_argument("--keep-dir", type=Path, default=None, help="keep the processes' logs here")
+    p.add_argument("--keep-dir", type=Path, default=None, help="keep logs and history.json here")
+    p.add_argument(
+        "--recheck",
+        type=Path,
+        default=None,
+        metavar="HISTORY_JSON",
+        help="only check a history.json a run saved, and print the findings",
+    )
     return p
 
 
@@ -255,18 +262,14 @@ class Soak:
         print(f"client errors: {errors}")
         print(f"faults observed/fired: {fired}; failovers {self.failovers()}")
         print(
-            f"mailboxes {len(epochs)}; entries read {self.observations.entries}; "
-            f"(message, mailbox) pairs checked {found.checked}; drain {drained:.0f}s"
+            f"mailboxes {len(epochs)}; entries read {self.observations.entries};"
+            f" drain {drained:.0f}s"
         )
         print(
             f"rebuilds (CURSOR_EXPIRED) {sum(r.rebuilds for r in all_readers)}; "
             f"epochs started {new_epochs}"
         )
-        print(
-            f"duplicates {len(found.duplicates)}, missing {len(found.missing)}, "
-            f"stray {len(found.stray)}, reused seqs {len(found.reused)}; lost commits seen only"
-            f" in epochs the lane left (healed by the rebuild) {len(found.healed)}"
-        )
+        print(_findings_text(found))
         if a.keep_dir is not None:
             self._save(a.keep_dir / "history.json")
         for line in found.violations[:30]:
@@ -299,6 +302,15 @@ class Soak:
             self.storage.close()
 
 
+def _findings_text(found: Findings) -> str:
+    return (
+        f"(message, mailbox) pairs checked {found.checked}; duplicates {len(found.duplicates)},"
+        f" missing {len(found.missing)}, stray {len(found.stray)}, reused seqs"
+        f" {len(found.reused)}; lost commits seen only in epochs the lane left (healed by"
+        f" the rebuild) {len(found.healed)}"
+    )
+
+
 def _kill_and_restart(proc: Proc) -> str:
     if not proc.running:
         raise ProcError(f"{proc.name} was not running before the kill")
@@ -318,6 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("delivery-soak: --users must exceed --fanout-threshold (>= 2) for big conversations",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.recheck is not None:
+        saved = json.loads(args.recheck.read_text())
+        found = check(*from_saved(saved, args.fanout_threshold))
+        print(_findings_text(found))
+        for line in found.violations:
+            print(f"  {line}")
+        print(f"violations: {len(found.violations)}")
+        return 1 if found.violations else 0
     if args.keep_dir is not None:
         args.keep_dir.mkdir(parents=True, exist_ok=True)
         return _main(args, args.keep_dir)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 NOT_ADDRESSED = "not addressed to this mailbox"
 Key = tuple[str, str, str]
@@ -163,3 +164,18 @@ def _stray(ledger: Ledger, mailbox: str, seen: Seen) -> str:
 
 def _name(key: Key) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
+
+
+def from_saved(saved: dict[str, Any], threshold: int) -> tuple[Ledger, Observations]:
+    """The ledger and observations a run saved (``delivery-soak --keep-dir``)."""
+    ledger = Ledger()
+    for name, members in saved["conversations"].items():
+        ledger.add_conversation(name, frozenset(members), threshold)
+    for conversation, sender, cmid, message_id in saved["acked"]:
+        ledger.ack((conversation, sender, cmid), message_id)
+    for conversation, sender, cmid in saved["unknown"]:
+        ledger.lost_track((conversation, sender, cmid))
+    observations = Observations(reused=list(saved["reused"]))
+    for mailbox, epoch, seq, conversation, sender, cmid, message_id in saved["slots"]:
+        observations.slots[(mailbox, epoch, seq)] = Seen((conversation, sender, cmid), message_id)
+    return ledger, observations
