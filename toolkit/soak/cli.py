@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of load and faults")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--fault-interval", type=float, default=20.0, help="seconds between faults")
+    p.add_argument("--faults", default="", help="comma-separated kinds of the rotation to keep")
     p.add_argument("--relays", type=int, default=2, choices=[1, 2])
     p.add_argument("--senders", type=int, default=6)
     p.add_argument("--users", type=int, default=12)
@@ -163,7 +164,7 @@ class Soak:
         self.log(f"fault {kind}: {what}")
 
     async def faults(self, stop: asyncio.Event) -> None:
-        rotation = ROTATION[self.args.backend]
+        rotation = self.rotation()
         n = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -182,6 +183,10 @@ class Soak:
                 f" (failovers {self.failovers()}), rebuilds {sum(r.rebuilds for r in readers_)},"
                 f" reused seqs {len(self.observations.reused)}"
             )
+
+    def rotation(self) -> list[str]:
+        wanted = {k for k in self.args.faults.split(",") if k}
+        return [k for k in ROTATION[self.args.backend] if not wanted or k in wanted]
 
     def failovers(self) -> int:
         return self.observed["sentinel-failover"] + self.observed["kill-master"]
@@ -249,7 +254,7 @@ class Soak:
         epochs = self.observations.epochs()
         new_epochs = sum(len([e for e in es if e > 1]) for es in epochs.values())
         min_acks = a.min_acks if a.min_acks is not None else int(a.duration / 3)
-        kinds = sorted(set(self.fired) | set(ROTATION[a.backend]))
+        kinds = sorted(set(self.fired) | set(self.rotation()))
         fired = ", ".join(f"{k} {self.observed[k]}/{self.fired[k]}" for k in kinds)
         errors = ", ".join(f"{k} x{n}" for k, n in sorted(clients.errors.items())) or "none"
         wall = time.monotonic() - self.began
@@ -328,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.fanout_threshold < 2 or (args.users <= args.fanout_threshold and args.big > 0):
         print("delivery-soak: --users must exceed --fanout-threshold (>= 2) for big conversations",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    unknown = {k for k in args.faults.split(",") if k} - set(ROTATION[args.backend])
+    if unknown:
+        print(f"delivery-soak: --faults of {args.backend}: {', '.join(ROTATION[args.backend])}",
               file=sys.stderr)  # fmt: skip
         return 2
     if args.recheck is not None:
