@@ -98,3 +98,18 @@ def test_a_lost_commit_seen_in_an_epoch_the_lane_left_is_healed_not_a_violation(
     found = check(_ledger(), seen)
     assert found.violations == []
     assert found.healed == ["never sent: inbox:ann epoch 1 seq 2 m8"]
+
+
+def test_another_message_of_the_same_key_does_not_stand_in_for_the_acked_one() -> None:
+    later: Key = ("small", "bob", "c9")
+    seen = Observations()
+    seen.see("inbox:ann", 1, 1, Seen(SMALL, "m1"))
+    seen.see("conversation:big", 1, 1, Seen(BIG, "m2"))
+    seen.see("inbox:bob", 1, 1, Seen(SMALL, "m0"))  # a lost first commit of the key
+    seen.see("inbox:bob", 2, 1, Seen(later, "m9"))  # bob's inbox went on in epoch 2
+    seen.see("inbox:ann", 1, 2, Seen(later, "m9"))
+    ledger = _ledger()
+    ledger.ack(later, "m9")
+    found = check(ledger, seen)
+    assert found.missing == ["missing: small/ann/c1 (m1) in inbox:bob"]
+    assert found.healed == ["another message id than its ACK's m1: inbox:bob epoch 1 seq 1 m0"]

@@ -122,11 +122,11 @@ def check(ledger: Ledger, observations: Observations) -> Findings:
     found = Findings(reused=list(observations.reused))
     # (mailbox, epoch) -> how often each key shows, and the keys per mailbox
     per_epoch: dict[tuple[str, int], Counter[Key]] = {}
-    in_mailbox: dict[str, set[Key]] = {}
+    in_mailbox: dict[str, set[tuple[Key, str]]] = {}
     latest = {mailbox: max(epochs) for mailbox, epochs in observations.epochs().items()}
     for (mailbox, epoch, seq), seen in sorted(observations.slots.items()):
         per_epoch.setdefault((mailbox, epoch), Counter())[seen.key] += 1
-        in_mailbox.setdefault(mailbox, set()).add(seen.key)
+        in_mailbox.setdefault(mailbox, set()).add((seen.key, seen.message_id))
         problem = _stray(ledger, mailbox, seen)
         if problem:
             text = f"{problem}: {mailbox} epoch {epoch} seq {seq} {seen.message_id}"
@@ -144,7 +144,7 @@ def check(ledger: Ledger, observations: Observations) -> Findings:
             continue
         for mailbox in conversation.mailboxes():
             found.checked += 1
-            if key not in in_mailbox.get(mailbox, set()):
+            if (key, ledger.acked[key]) not in in_mailbox.get(mailbox, set()):
                 found.missing.append(f"missing: {_name(key)} ({ledger.acked[key]}) in {mailbox}")
     return found
 
