@@ -289,9 +289,11 @@ class Soak:
 
     def _save(self, path: Path) -> None:
         """The ledger and every observation, to check again or to dig into."""
+        at = self.ledger.acked_at.get
         saved = {
             "conversations": {n: sorted(c.members) for n, c in self.ledger.conversations.items()},
-            "acked": [[*k, v] for k, v in sorted(self.ledger.acked.items())],
+            "acked": [[*k, v, at(k)] for k, v in sorted(self.ledger.acked.items())],
+            "first_seen": [[m, e, at] for (m, e), at in self.observations.first_seen.items()],
             "unknown": sorted(self.ledger.unknown),
             "slots": [[m, e, s, *v.key, v.message_id]
                       for (m, e, s), v in sorted(self.observations.slots.items())],

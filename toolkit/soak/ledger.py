@@ -8,12 +8,13 @@ Pure data and rules (no I/O), so the checker can be tested with a broken history
 * ``Observations``: every entry a reader saw, as ``(mailbox, epoch, seq) -> message``.
   A seq that shows another message than before in the same epoch is a *reused seq*
   (the client-visible violation), recorded the moment it is seen.
-* ``check``: every ACKed message in every intended mailbox, once per epoch it shows
-  in (missing: in none; duplicate: twice in one epoch); nothing in a mailbox that was
-  never sent, is not addressed to it, or carries another id than its ACK (a message
-  whose commit a failover lost is allowed in an epoch the lane has left since: the
-  clients rebuilt from History, which does not hold it); an unknown send at most once
-  per epoch; plus the reused seqs.
+* ``check``: every ACKed message (by its ACKed id) in every intended mailbox, once per
+  epoch it shows in (missing: in none, unless a reader met a new epoch of the mailbox
+  after the ACK, whose rebuild reads History; duplicate: twice in one epoch); nothing
+  in a mailbox that was never sent, is not addressed to it, or carries another id than
+  its ACK (a message whose commit a failover lost is allowed in an epoch the lane has
+  left since: the clients rebuilt from History, which does not hold it); an unknown
+  send at most once per epoch; plus the reused seqs.
 
 A mailbox is ``inbox:<user>`` or ``conversation:<id>`` (a big conversation's lane, the
 same whichever member reads it). Who gets a message follows the relay
@@ -62,12 +63,15 @@ class Ledger:
     """key -> message id of its ACK"""
     unknown: set[Key] = field(default_factory=set)
     """keys whose outcome stayed unknown (never ACKed)"""
+    acked_at: dict[Key, float] = field(default_factory=dict)
+    """key -> when its ACK came (the run's monotonic clock)"""
 
     def add_conversation(self, name: str, members: frozenset[str], threshold: int) -> None:
         self.conversations[name] = Conversation(name, members, len(members) > threshold)
 
-    def ack(self, key: Key, message_id: str) -> None:
+    def ack(self, key: Key, message_id: str, at: float = 0.0) -> None:
         self.acked[key] = message_id
+        self.acked_at[key] = at
         self.unknown.discard(key)
 
     def lost_track(self, key: Key) -> None:
@@ -79,11 +83,14 @@ class Ledger:
 class Observations:
     slots: dict[tuple[str, int, int], Seen] = field(default_factory=dict)
     reused: list[str] = field(default_factory=list)
+    first_seen: dict[tuple[str, int], float] = field(default_factory=dict)
+    """(mailbox, epoch) -> when a reader first saw it: its CURSOR_EXPIRED and rebuild"""
     entries: int = 0
     """Entries read (re-reads included)."""
 
-    def see(self, mailbox: str, epoch: int, seq: int, seen: Seen) -> None:
+    def see(self, mailbox: str, epoch: int, seq: int, seen: Seen, at: float = 0.0) -> None:
         self.entries += 1
+        self.first_seen.setdefault((mailbox, epoch), at)
         slot = (mailbox, epoch, seq)
         before = self.slots.setdefault(slot, seen)
         if before.message_id != seen.message_id:
@@ -112,6 +119,9 @@ class Findings:
     """never sent or another id, but in an epoch the lane left since: a failover lost
     the commit and the lane, clients got CURSOR_EXPIRED and rebuilt from History"""
     reused: list[str] = field(default_factory=list)
+    rebuilt: list[str] = field(default_factory=list)
+    """ACKed, in no epoch a reader saw, but a reader met a new epoch of the mailbox after
+    the ACK: its CURSOR_EXPIRED rebuild read History, which holds the message"""
 
     @property
     def violations(self) -> list[str]:
@@ -121,11 +131,11 @@ class Findings:
 def check(ledger: Ledger, observations: Observations) -> Findings:
     found = Findings(reused=list(observations.reused))
     # (mailbox, epoch) -> how often each key shows, and the keys per mailbox
-    per_epoch: dict[tuple[str, int], Counter[Key]] = {}
+    per_epoch: dict[tuple[str, int], Counter[tuple[Key, str]]] = {}
     in_mailbox: dict[str, set[tuple[Key, str]]] = {}
     latest = {mailbox: max(epochs) for mailbox, epochs in observations.epochs().items()}
     for (mailbox, epoch, seq), seen in sorted(observations.slots.items()):
-        per_epoch.setdefault((mailbox, epoch), Counter())[seen.key] += 1
+        per_epoch.setdefault((mailbox, epoch), Counter())[(seen.key, seen.message_id)] += 1
         in_mailbox.setdefault(mailbox, set()).add((seen.key, seen.message_id))
         problem = _stray(ledger, mailbox, seen)
         if problem:
@@ -133,10 +143,11 @@ def check(ledger: Ledger, observations: Observations) -> Findings:
             superseded = epoch < latest[mailbox] and problem != NOT_ADDRESSED
             (found.healed if superseded else found.stray).append(text)
     for (mailbox, epoch), counts in sorted(per_epoch.items()):
-        for key, n in sorted(counts.items()):
+        for (key, message_id), n in sorted(counts.items()):
             if n > 1:
                 found.duplicates.append(
-                    f"duplicate: {mailbox} epoch {epoch} holds {_name(key)} {n} times"
+                    f"duplicate: {mailbox} epoch {epoch} holds {_name(key)} ({message_id})"
+                    f" {n} times"
                 )
     for key in sorted(ledger.acked):
         conversation = ledger.conversations.get(key[0])
@@ -144,8 +155,15 @@ def check(ledger: Ledger, observations: Observations) -> Findings:
             continue
         for mailbox in conversation.mailboxes():
             found.checked += 1
-            if (key, ledger.acked[key]) not in in_mailbox.get(mailbox, set()):
-                found.missing.append(f"missing: {_name(key)} ({ledger.acked[key]}) in {mailbox}")
+            if (key, ledger.acked[key]) in in_mailbox.get(mailbox, set()):
+                continue
+            text = f"missing: {_name(key)} ({ledger.acked[key]}) in {mailbox}"
+            rebuilt = [e for (m, e), at in observations.first_seen.items()
+                       if m == mailbox and at > ledger.acked_at.get(key, 0.0)]  # fmt: skip
+            if rebuilt:  # the readers rebuilt from History after the ACK: it has it
+                found.rebuilt.append(f"{text} (rebuilt at epoch {min(rebuilt)})")
+            else:
+                found.missing.append(text)
     return found
 
 
@@ -171,11 +189,13 @@ def from_saved(saved: dict[str, Any], threshold: int) -> tuple[Ledger, Observati
     ledger = Ledger()
     for name, members in saved["conversations"].items():
         ledger.add_conversation(name, frozenset(members), threshold)
-    for conversation, sender, cmid, message_id in saved["acked"]:
-        ledger.ack((conversation, sender, cmid), message_id)
+    for conversation, sender, cmid, message_id, *at in saved["acked"]:
+        ledger.ack((conversation, sender, cmid), message_id, *at)
     for conversation, sender, cmid in saved["unknown"]:
         ledger.lost_track((conversation, sender, cmid))
     observations = Observations(reused=list(saved["reused"]))
     for mailbox, epoch, seq, conversation, sender, cmid, message_id in saved["slots"]:
         observations.slots[(mailbox, epoch, seq)] = Seen((conversation, sender, cmid), message_id)
+    for mailbox, epoch, at in saved.get("first_seen", ()):
+        observations.first_seen[(mailbox, epoch)] = at
     return ledger, observations

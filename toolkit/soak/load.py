@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -108,7 +109,7 @@ class Senders:
                 self.counts["retries"] += 1
                 await asyncio.sleep(min(0.05 * 2 ** min(attempt, 5), 1.0))
                 continue
-            self.ledger.ack(key, ack.message_id)
+            self.ledger.ack(key, ack.message_id, time.monotonic())
             self.counts["acks"] += 1
             return True
 
@@ -159,7 +160,7 @@ class Reader:
                 for e in page.entries:
                     r = e.record
                     seen = Seen((r.conversation, r.sender, r.cmid), r.message_id)
-                    self.observations.see(mailbox, epoch, e.seq, seen)
+                    self.observations.see(mailbox, epoch, e.seq, seen, time.monotonic())
                 cursor = page.next_cursor
                 if not page.more:
                     break
