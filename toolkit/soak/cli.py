@@ -52,6 +52,8 @@ SERVE_FLAGS = ["--recovery-interval", "2s", "--recovery-grace", "5s", "--sender-
                "0", "--readiness-interval", "500ms"]  # fmt: skip
 CREATE_TRIES = 30
 FINAL_TRIES = 30
+START_TRIES = 5
+START_PAUSE_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -217,7 +219,7 @@ class Soak:
         stop_faults.set()
         await faulting
         for proc in [*self.serves, *self.relays]:
-            await asyncio.to_thread(proc.start)  # every process up (a no-op when running)
+            await asyncio.to_thread(supervise, proc)  # every process up
         stop_load.set()
         await asyncio.gather(*sending)
         self.log(f"load stopped; {len(self.ledger.unknown)} unknown outcomes, trying them again")
@@ -318,13 +320,27 @@ def _findings_text(found: Findings) -> str:
     )
 
 
+def supervise(proc: Proc) -> int:
+    """Start ``proc`` if it is not running, as a supervisor would: a start that fails
+    (a backend that does not answer in time while a node restarts) is tried again.
+    How many starts failed; ProcError after ``START_TRIES``."""
+    for failed in range(START_TRIES):
+        try:
+            proc.start()
+            return failed
+        except ProcError as exc:
+            last = exc
+            time.sleep(START_PAUSE_S)
+    raise last
+
+
 def _kill_and_restart(proc: Proc) -> str:
-    if not proc.running:
-        raise ProcError(f"{proc.name} was not running before the kill")
+    restarts = supervise(proc)  # one that died on its own is started again first
     proc.kill()
     time.sleep(1.0)
-    proc.start()
-    return f"{proc.name} killed and restarted"
+    restarts += supervise(proc)
+    again = f" ({restarts} failed start(s) tried again)" if restarts else ""
+    return f"{proc.name} killed and restarted{again}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
