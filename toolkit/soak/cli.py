@@ -37,7 +37,7 @@ from service.api.errors import ConversationExists
 from toolkit.soak.ledger import Findings, Ledger, Observations, check, from_saved
 from toolkit.soak.load import Clients, Reader, Senders, final_readers, reader_loop, readers
 from toolkit.soak.procs import Proc, ProcError, faketime_prefix
-from toolkit.soak.storage import FaultNotObserved, Storage
+from toolkit.soak.storage import Storage
 
 ROTATION = {
     "redis": ["sentinel-failover", "kill-relay", "kill-serve", "kill-master", "kill-relay",
@@ -158,8 +158,8 @@ class Soak:
                 what = await asyncio.to_thread(_kill_and_restart, proc)
             else:
                 what = await self.storage.fire(kind)
-        except (FaultNotObserved, ProcError) as exc:
-            self.failed.append(f"{kind}: {exc}")
+        except Exception as exc:  # not seen to take effect, or not healed: the run fails
+            self.failed.append(f"{kind}: {type(exc).__name__}: {str(exc)[:300]}")
             self.log(f"fault {kind} did NOT take effect: {exc}")
             return
         self.observed[kind] += 1

@@ -120,7 +120,12 @@ class Storage:
         if node.is_running():
             raise FaultNotObserved(f"CQL node {index} survived SIGKILL")
         time.sleep(DOWN_S)
-        took = cluster.start_node(index)
+        began = time.monotonic()
+        try:
+            cluster.start_node(index)
+        except Exception:  # a busy machine: slower than the launcher's 240 s; once more
+            cluster.start_node(index)
+        took = time.monotonic() - began
         if not node.is_running():
             raise FaultNotObserved(f"CQL node {index} did not come back")
         return f"node {index} killed, back in {took:.0f}s"
