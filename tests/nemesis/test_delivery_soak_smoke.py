@@ -7,8 +7,9 @@ replicas, readers on every lane, every mailbox checked at the end).
   epoch wherever a failover took entries a reader saw. They miss a lane whose append
   lost its reply in the failover (the Sentinels drop the old master's clients), and a
   second or restarted relay does not know the heads the first wrote, so a failover
-  gives seqs out again (docs/delivery.md, "The delivery soak"): expected to fail
-  until that is fixed.
+  gives seqs out again (docs/delivery.md, "The delivery soak"). It depends on a reply
+  being lost at the right moment: 1 of the 2 runs of this test reused a seq (inbox:u05
+  epoch 1 seq 26), so it is a non-strict expected failure until the marks are fixed.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_relay_and_serve_kills_lose_and_repeat_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.cluster
 @pytest.mark.slow
-@pytest.mark.xfail(reason="lane marks miss lost append replies and other relays' heads")
+@pytest.mark.xfail(reason="lane marks miss lost append replies (timing-dependent)")
 def test_sentinel_failovers_reuse_no_seq(tmp_path: Path) -> None:
     result = _soak(tmp_path, "--relays", "1", "--duration", "35", "--faults",
                    "sentinel-failover,kill-master,kill-serve", "--fault-interval", "4")  # fmt: skip
