@@ -5,7 +5,11 @@ A page is applied only when it is exactly the next part of its lane
 fetched again): the same lane, the stored cursor's epoch (or any epoch when
 the cursor is "from the start"), events numbered ``cursor.seq + 1, + 2, ...``
 without a gap, made of complete groups (each group starts at its own seq,
-the ``group_id``), and a next cursor at the last event.
+the ``group_id``), and a next cursor at the last event. That holds for every
+lane: in a big conversation's lane, the entries a user may not read (committed
+while it was not a member, DESIGN §10) come as *withheld* events, seq and
+group only, so the server never leaves a gap a client could not tell from a
+lost entry.
 """
 
 from __future__ import annotations

@@ -229,17 +229,11 @@ class GrpcServerApi(ServerApi):
 
 
 def page_of(cursor: MailboxCursor, r: xpb.SyncResponse) -> MailboxPage:
-    """A Sync answer as a page. An event of a kind this runtime does not know (a
-    newer server's) is kept as opaque bytes with its seq and group, so the page
-    has no gap and the cursor moves past it; it adds no message."""
-    events = tuple(
-        MailboxEvent(
-            e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
-        )
-        if e.WhichOneof("event") == "message_added"
-        else MailboxEvent(e.seq, e.group_id, None, e.delivered_ts_ms, e.SerializeToString())
-        for e in r.events
-    )
+    """A Sync answer as a page. A withheld entry (one this user may not read) and
+    an event of a kind this runtime does not know (a newer server's) keep their
+    seq and group, so the page has no gap and the cursor moves past them; they
+    add no message (the unknown kind is kept as opaque bytes)."""
+    events = tuple(_event(e) for e in r.events)
     c = r.next_cursor
     return MailboxPage(
         lane=cursor.lane,
@@ -249,6 +243,16 @@ def page_of(cursor: MailboxCursor, r: xpb.SyncResponse) -> MailboxPage:
         trim_watermark=r.trim_watermark,
         head=r.head,
     )
+
+
+def _event(e: xpb.MailboxEvent) -> MailboxEvent:
+    kind = e.WhichOneof("event")
+    if kind == "message_added":
+        record = convert.record_from_proto(e.message_added.message)
+        return MailboxEvent(e.seq, e.group_id, record, e.delivered_ts_ms)
+    if kind == "withheld":
+        return MailboxEvent(e.seq, e.group_id, None, e.delivered_ts_ms)
+    return MailboxEvent(e.seq, e.group_id, None, e.delivered_ts_ms, e.SerializeToString())
 
 
 def _error(err: aio.AioRpcError) -> Exception:

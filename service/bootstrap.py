@@ -58,7 +58,10 @@ async def _open(config: ServiceConfig, clock: Clock) -> Backend:
         from backends.memory import open_memory_backend
 
         return open_memory_backend(
-            settings=settings, clock=clock, mailbox=config.mailbox_settings()
+            settings=settings,
+            clock=clock,
+            mailbox=config.mailbox_settings(),
+            dead_letter_retention_ms=config.delivery_settings().dead_letter_retention_ms,
         )
     if config.backend == "redis":
         from backends.redis import open_redis_backend

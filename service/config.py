@@ -55,6 +55,10 @@ class ConfigError(StartupError):
     exit_code = 2
 
 
+DEFAULT_MAX_STREAMS = 20_000
+"""``MC_MAX_STREAMS``'s default (the benchmark opens at most this many idle streams)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """Everything the ``serve`` command can be told."""
@@ -179,6 +183,13 @@ class ServiceConfig:
     """Unary RPCs served at once; more are rejected with RESOURCE_EXHAUSTED (0 = unlimited).
     Streams (Subscribe) are counted apart (service/api/limits.py)."""
 
+    max_streams: int = DEFAULT_MAX_STREAMS
+    """Server streams (Subscribe) served at once, apart from unary RPCs; more are rejected
+    with RESOURCE_EXHAUSTED. An idle stream costs about 28 KiB of server memory."""
+
+    max_streams_per_user: int = 16
+    """Server streams one (tenant, user) may hold at once on one replica."""
+
     recovery_interval: float = field(default=10.0, metadata=_DURATION)
     """How often this replica runs recovery (jittered by +-20%)."""
 
@@ -255,6 +266,12 @@ class ServiceConfig:
     mailbox_max_entries: int = 10_000
     """Most entries one mailbox lane keeps; older groups are trimmed."""
 
+    mailbox_dedupe_window: float = field(default=86400.0, metadata=_DURATION)
+    """How long a lane remembers the message ids of entries trimmed by count, so a
+    reconciled or requeued message is not appended twice (at most
+    MC_MAILBOX_RETENTION, at least 1h); the relay and requeue refuse messages
+    older than it (dead letters). Costs about 230 bytes per remembered id on Redis."""
+
     subscribe_poll_interval: float = field(default=1.0, metadata=_DURATION)
     """How often the replica's one lane watcher reads the heads of every subscribed lane."""
 
@@ -288,7 +305,13 @@ class ServiceConfig:
 
     relay_outbox_retention: float = field(default=86400.0, metadata=_DURATION)
     """How long delivered outbox entries are kept before the relay trims them
-    (Redis streams; the Scylla outbox expires by TTL)."""
+    (Redis streams; Scylla hour buckets once all their entries are settled:
+    undelivered entries never expire)."""
+
+    relay_dead_letter_retention: float = field(default=30 * 86400.0, metadata=_DURATION)
+    """How long the relay keeps dead letters before it drops them, counted and
+    logged (Redis XTRIM MINID, Scylla a counted delete plus a row TTL of this + 1d
+    as a backstop, memory by age and at most 10,000 per partition)."""
 
     test_clock_offset: float = field(default=0.0, metadata=_SIGNED_DURATION)
     """Tests only: run this replica's clock this far off (e.g. 2d or -30s), to
@@ -336,6 +359,7 @@ class ServiceConfig:
         return MailboxSettings(
             retention_ms=int(self.mailbox_retention * 1000),
             max_entries=self.mailbox_max_entries,
+            dedupe_window_ms=int(self.mailbox_dedupe_window * 1000),
         )
 
     def delivery_settings(self) -> DeliverySettings:
@@ -343,6 +367,7 @@ class ServiceConfig:
             mailbox=self.mailbox_settings(),
             outbox_retention_ms=int(self.relay_outbox_retention * 1000),
             settle_window_ms=int(self.relay_settle_window * 1000),
+            dead_letter_retention_ms=int(self.relay_dead_letter_retention * 1000),
         )
 
     def redis_deployment_identity(self) -> str:
@@ -621,7 +646,8 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
         "scylla_max_clock_skew", "redis_wait_timeout", "fanout_threshold", "mailbox_retention",
         "mailbox_max_entries", "subscribe_poll_interval", "relay_lease", "relay_batch",
         "relay_idle_wait", "relay_max_attempts", "relay_first_retry", "relay_max_retry",
-        "relay_settle_window", "relay_outbox_retention",
+        "relay_settle_window", "relay_outbox_retention", "relay_dead_letter_retention",
+        "max_streams", "max_streams_per_user",
     )  # fmt: skip
     for name in positive:
         if getattr(config, name) <= 0:
@@ -632,6 +658,11 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             " must point at a message history still holds"
         )
     split_address(config.relay_http_address, "MC_RELAY_HTTP_ADDRESS/--relay-http-address")
+    if config.mailbox_dedupe_window < 3600.0:
+        raise ConfigError(
+            "MC_MAILBOX_DEDUPE_WINDOW must be at least 1h: the relay refuses older messages,"
+            " and a shorter window would refuse entries it is still retrying"
+        )
     if config.relay_batch > 1000:
         raise ConfigError("MC_RELAY_BATCH must be at most 1000")
     if config.relay_lease < 1.0:

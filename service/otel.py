@@ -303,6 +303,12 @@ class TracedMembership(MembershipStore):
         with self._span("admission"):
             return await self._inner.admission(tenant, conversation, user)
 
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[int, ...] | None:
+        with self._span("member_intervals"):
+            return await self._inner.member_intervals(tenant, conversation, user)
+
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:

@@ -17,6 +17,12 @@ delay, reconciling first. ``InjectedCrash`` (tests) stops the whole runner
 where it is, without releasing anything, as a crash would. A graceful stop
 releases every lease, so other relays take over at once.
 
+Once a minute (``DEAD_LETTER_SWEEP_MS``, and at the first round) the lease
+round also drops the held partitions' dead letters older than
+``MC_RELAY_DEAD_LETTER_RETENTION`` (``OutboxPartitions.trim_dead_letters``):
+each drop counted and logged (counts only), and the number still held set as
+a gauge, so dead letters are bounded but never go in silence.
+
 A relay that shares its event loop with the server's RPCs (memory: its steps
 never suspend) runs at most one partition step per loop turn
 (``shares_loop``): partitions take turns through one lock, held into the
@@ -52,6 +58,8 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
 IDLE_SAFETY_S = 5.0
 """With a doorbell, an idle partition still looks for entries this often."""
+DEAD_LETTER_SWEEP_MS = 60_000
+"""How often a relay trims the dead letters of the partitions it holds."""
 RECHECKS_S = (0.005, 0.015, 0.04)
 """Pauses of the quick looks of a partition that just went idle, before the doorbell."""
 
@@ -108,6 +116,7 @@ class RelayRunner:
         self.crashed: InjectedCrash | None = None
         self.ready = False
         self.rounds = 0
+        self._next_dead_sweep_ms = 0
 
     @property
     def held(self) -> tuple[str, ...]:
@@ -175,6 +184,30 @@ class RelayRunner:
                 if lease is not None:
                     self._start(lease)
         await self._gauges(live)
+        if self._clock.now_ms() >= self._next_dead_sweep_ms:
+            await self.trim_dead_letters()
+
+    async def trim_dead_letters(self) -> None:
+        """Drop the held partitions' dead letters older than the retention: counted,
+        logged (counts only), and the number still held set as a gauge."""
+        self._next_dead_sweep_ms = self._clock.now_ms() + DEAD_LETTER_SWEEP_MS
+        dropped = held = 0
+        for h in list(self._held.values()):
+            try:
+                trim = await self._ports.partitions.trim_dead_letters(h.work.lease)
+            except StoreError as exc:  # deposed or unreachable: the next sweep tries again
+                self._metrics.errors.labels(type(exc).__name__).inc()
+                continue
+            dropped += trim.dropped
+            held += trim.held
+        self._metrics.dead_letters_held.set(held)
+        if dropped:
+            self._metrics.dead_letters_trimmed.inc(dropped)
+            log.warning(
+                "relay: dropped %d dead letter%s older than MC_RELAY_DEAD_LETTER_RETENTION;"
+                " %d still held in the partitions this relay holds",
+                dropped, "" if dropped == 1 else "s", held,
+            )  # fmt: skip
 
     async def _renew(self, name: str) -> None:
         held = self._held.get(name)

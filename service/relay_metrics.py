@@ -15,6 +15,13 @@ message_committer_relay_delivery_seconds             publication to settled, per
   (histogram)                                        (commit-to-mailbox latency)
 message_committer_relay_retries_total                entries settled as retryable
 message_committer_relay_dead_letters_total           entries dead-lettered
+message_committer_relay_too_old_total                entries dead-lettered because their
+                                                     message is older than the mailbox
+                                                     dedupe window (never appended again)
+message_committer_relay_dead_letters_trimmed_total   dead letters dropped after
+                                                     MC_RELAY_DEAD_LETTER_RETENTION
+message_committer_relay_dead_letters_held            dead letters kept in the partitions
+                                                     this relay holds (its last sweep)
 message_committer_relay_reconciled_total{verdict}    unsettled entries a new lease holder
                                                      checked: accepted, rejected, unknown
 message_committer_relay_takeovers_total              leases taken with a new fencing token
@@ -85,6 +92,21 @@ class RelayMetrics:
         self.dead_letters = Counter(
             "message_committer_relay_dead_letters", "Entries dead-lettered.", registry=r
         )
+        self.too_old = Counter(
+            "message_committer_relay_too_old",
+            "Entries dead-lettered as older than the mailbox dedupe window.",
+            registry=r,
+        )
+        self.dead_letters_trimmed = Counter(
+            "message_committer_relay_dead_letters_trimmed",
+            "Dead letters dropped after MC_RELAY_DEAD_LETTER_RETENTION.",
+            registry=r,
+        )
+        self.dead_letters_held = Gauge(
+            "message_committer_relay_dead_letters_held",
+            "Dead letters kept in the partitions this relay holds, at its last sweep.",
+            registry=r,
+        )
         self.reconciled = Counter(
             "message_committer_relay_reconciled",
             "Unsettled entries a new lease holder checked, by verdict.",
@@ -145,6 +167,14 @@ class RelayMetrics:
 
     def on_dead_lettered(self, entries: int) -> None:
         self.dead_letters.inc(entries)
+
+    def on_too_old(self, entries: int) -> None:
+        self.too_old.inc(entries)
+        log.warning(
+            "relay: %d entries are older than the mailbox dedupe window"
+            " (MC_MAILBOX_DEDUPE_WINDOW) and were dead-lettered, not appended again",
+            entries,
+        )
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         self.reconciled.labels(result.value).inc(entries)

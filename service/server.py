@@ -123,7 +123,11 @@ class CommitServer:
                 StatusInterceptor(
                     metrics,
                     config.max_message_bytes,
-                    RpcLimits(max_unary=config.max_concurrent_rpcs),
+                    RpcLimits(
+                        max_unary=config.max_concurrent_rpcs,
+                        max_streams=config.max_streams,
+                        max_streams_per_user=config.max_streams_per_user,
+                    ),
                 ),
                 GateInterceptor(self.gate),  # inside: a refusal is mapped and counted
             ],

@@ -82,3 +82,18 @@ def committer(
     return MessageCommitter(
         backend.store, backend.membership, backend.outbox, limits=limits, clock=clock
     )
+
+
+DEDUPE_WINDOW_MS = 100_000
+DEDUPE_GROUPS = ((2, 0), (3, 10_000), (4, 20_000), (5, 20_000))
+"""(last seq, appended ms) of a lane's first groups; the next, seq 6, is appended at
+each case's ``now``, and a count bound of 2 then leaves the watermark at 4."""
+DEDUPE_CASES = (
+    (20_000, 0),  # (now, the dedupe mark): 1-4 trimmed by count, all remembered
+    (DEDUPE_WINDOW_MS - 1, 0),
+    (DEDUPE_WINDOW_MS, 2),  # the group 1-2 is forgotten, whole
+    (DEDUPE_WINDOW_MS + 10_000, 3),  # the group 3, ten seconds younger
+    (DEDUPE_WINDOW_MS + 20_000, 4),  # 4 as it is trimmed: it is as old; never 5 (held)
+)
+"""The one case table of ``service.domain.mailbox.dedupe_cut``: tests/unit checks the
+rule, tests/conformance every backend (the Redis script mirrors it)."""

@@ -44,7 +44,7 @@ from backends.memory.outbox import MemoryOutbox
 from backends.memory.partitions import MemoryOutboxPartitions
 from backends.memory.state import MemoryState
 from backends.memory.store import MemoryMessageStore
-from service.domain.delivery import DeliveryPorts, MailboxSettings
+from service.domain.delivery import DeliveryPorts, DeliverySettings, MailboxSettings
 from service.domain.ports import Backend, Clock, StoreSettings, SystemClock
 
 __all__ = ["NOT_DURABLE", "MemoryMessageStore", "MemoryState", "open_memory_backend"]
@@ -60,6 +60,7 @@ def open_memory_backend(
     clock: Clock | None = None,
     identity_form: Literal["digest", "whole"] = "digest",
     mailbox: MailboxSettings | None = None,
+    dead_letter_retention_ms: int | None = None,
 ) -> Backend:
     """A memory backend; pass the ``state`` of a closed one to "reopen" it."""
     state = state if state is not None else MemoryState()
@@ -70,7 +71,9 @@ def open_memory_backend(
     )
     delivery = DeliveryPorts(
         mailbox=MemoryMailboxStore(state, mailbox or MailboxSettings(), clock),
-        partitions=MemoryOutboxPartitions(state, clock),
+        partitions=MemoryOutboxPartitions(
+            state, clock, dead_letter_retention_ms or DeliverySettings().dead_letter_retention_ms
+        ),
         index=MemoryConversationIndex(state),
         records=MemoryHistoryRecords(state),
         shared=False,

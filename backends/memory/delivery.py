@@ -38,6 +38,10 @@ class Lane:
     ``front + s - first seq`` of ``stored``: a read slices, a trim moves
     ``front`` (the list is compacted once the dead prefix is the larger part),
     and neither looks at the rest of the lane.
+
+    ``ids`` holds the message id of every entry kept and of every trimmed entry
+    whose group the dedupe window still covers (``forgotten`` is the dedupe mark,
+    ``trimmed_ids`` and ``trimmed_groups`` what a dedupe cut drops next).
     """
 
     epoch: int = 1
@@ -49,6 +53,12 @@ class Lane:
     ids: dict[str, int] = field(default_factory=dict)
     fences: dict[str, int] = field(default_factory=dict)
     group_ends: deque[tuple[int, int]] = field(default_factory=deque)
+    """(last seq, appended ms) of the groups above the watermark."""
+    trimmed_groups: deque[tuple[int, int]] = field(default_factory=deque)
+    """The same of trimmed groups whose ids are still remembered."""
+    trimmed_ids: deque[tuple[int, str]] = field(default_factory=deque)
+    """(seq, message id) of trimmed entries whose ids are still remembered."""
+    forgotten: int = 0
 
     @property
     def state(self) -> LaneState:
@@ -66,18 +76,33 @@ class Lane:
         return self.stored[start : start + max(0, limit)]
 
     def trim_to(self, cut: int) -> None:
+        """Drop the entries through ``cut``; their ids stay until ``forget``."""
         if cut <= self.watermark:
             return
         stored = self.stored
         while self.front < len(stored) and stored[self.front].seq <= cut:
-            self.ids.pop(stored[self.front].record.message_id, None)
+            entry = stored[self.front]
+            self.trimmed_ids.append((entry.seq, entry.record.message_id))
             self.front += 1
         while self.group_ends and self.group_ends[0][0] <= cut:
-            self.group_ends.popleft()
+            self.trimmed_groups.append(self.group_ends.popleft())
         if self.front > len(stored) // 2:
             del stored[: self.front]
             self.front = 0
         self.watermark = cut
+
+    def forget(self, now_ms: int, window_ms: int) -> None:
+        """Forget the ids the dedupe window no longer covers (``rules.dedupe_cut``)."""
+        cut = rules.dedupe_cut(
+            self.forgotten, self.watermark, self.trimmed_groups, now_ms=now_ms, window_ms=window_ms
+        )
+        if cut <= self.forgotten:
+            return
+        while self.trimmed_groups and self.trimmed_groups[0][0] <= cut:
+            self.trimmed_groups.popleft()
+        while self.trimmed_ids and self.trimmed_ids[0][0] <= cut:
+            self.ids.pop(self.trimmed_ids.popleft()[1], None)
+        self.forgotten = cut
 
 
 @dataclass
@@ -92,6 +117,8 @@ class PartitionState:
     retry: dict[str, RetryMark] = field(default_factory=dict)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
     """Dead letters by their id (a counter, in order)."""
+    dead_ms: dict[str, int] = field(default_factory=dict)
+    """When each dead letter was written (the backend's clock), for the retention."""
     letters: int = 0
 
 
@@ -115,7 +142,7 @@ class DeliveryState:
 class MemoryMailboxStore(MailboxStore):
     def __init__(self, state: MemoryState, settings: MailboxSettings, clock: Clock) -> None:
         self._delivery = state.delivery
-        self._settings = settings.validate()
+        self.settings = settings.validate()
         self._clock = clock
 
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
@@ -135,7 +162,7 @@ class MemoryMailboxStore(MailboxStore):
         now = self._clock.now_ms()
         first = lane.head + 1
         for offset, item in enumerate(fresh):
-            lane.add(MailboxEntry(first + offset, first, item.record, now))
+            lane.add(MailboxEntry(first + offset, first, item.record, now, item.membership_version))
         if fresh:
             lane.head = first + len(fresh) - 1
             lane.group_ends.append((lane.head, now))
@@ -149,7 +176,7 @@ class MemoryMailboxStore(MailboxStore):
         )
 
     def _retain(self, lane: Lane, now: int) -> None:
-        s = self._settings
+        s = self.settings
         cut = rules.trim_cut(
             lane.state,
             lane.group_ends,
@@ -158,6 +185,7 @@ class MemoryMailboxStore(MailboxStore):
             max_entries=s.max_entries,
         )
         lane.trim_to(cut)
+        lane.forget(now, s.dedupe_ms)
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
         lane = self._delivery.lanes.get((mailbox.tenant, mailbox.kind.value, mailbox.owner))
@@ -197,6 +225,7 @@ class MemoryMailboxStore(MailboxStore):
                 break
             cut = end
         lane.trim_to(cut)
+        lane.forget(self._clock.now_ms(), self.settings.dedupe_ms)
         return lane.state
 
     async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:

@@ -33,7 +33,7 @@ class MemoryMembershipStore(MembershipStore):
             raise StoreAlreadyExists("conversation already exists")
         conv = Conversation()
         users = sorted(set(members))
-        conv.add_users(users)
+        conv.joined(users)
         conv.intervals = {u: (1,) for u in users}
         conv.member_count = len(users)
         self.state.conversations[(tenant, conversation)] = conv
@@ -62,8 +62,11 @@ class MemoryMembershipStore(MembershipStore):
             if after != before:
                 updates[user] = after
         if updates:
-            conv.add_users(list(updates))
             conv.intervals.update(updates)
+            if add:
+                conv.joined(list(updates))
+            else:
+                conv.left(list(updates), version)
             conv.version = version
             conv.member_count += len(updates) if add else -len(updates)
         return self._info(tenant, conversation, conv)
@@ -74,6 +77,12 @@ class MemoryMembershipStore(MembershipStore):
             return None
         return Admission(conv.version, rules.is_member(conv.intervals.get(user, ())))
 
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> rules.Intervals | None:
+        conv = self.state.conversations.get((tenant, conversation))
+        return None if conv is None else conv.intervals.get(user, ())
+
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:
@@ -81,16 +90,19 @@ class MemoryMembershipStore(MembershipStore):
         at = conv.version if version is None else version
         if not 1 <= at <= conv.version:
             raise StoreInvalid("the conversation never had this membership version")
-        found: list[str] = []
-        start = bisect.bisect_right(conv.users, after) if after else 0
-        for index in range(start, len(conv.users)):
-            user = conv.users[index]
-            if rules.member_at(conv.intervals[user], at):
-                found.append(user)
-                if len(found) == limit:
-                    more = index + 1 < len(conv.users)
-                    return MembersSlice(tuple(found), at, user if more else "")
-        return MembersSlice(tuple(found), at, "")
+        start = bisect.bisect_right(conv.current, after) if after else 0
+        budget = max(1, limit) * rules.LISTING_BUDGET
+        users = conv.current[start : start + budget]
+        current = [(u, conv.intervals[u]) for u in users]
+        first = bisect.bisect_right(conv.removals, (at, "\U0010ffff"))
+        removed = [
+            (user, conv.intervals[user])
+            for version, user in conv.removals[first:]
+            if conv.intervals[user][-1] == version  # still where this removal left it
+        ]
+        full = start + budget < len(conv.current)
+        found, next_after = rules.listing_page(at, after, limit, current, full, removed)
+        return MembersSlice(tuple(found), at, next_after)
 
     async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
         conv = self.state.conversations.get((tenant, conversation))

@@ -7,6 +7,10 @@ claimed and not settled, retry marks and dead letters. A claim takes from the
 front of its queue, a settle drops what it settled from the log, the doorbell
 looks at the queues it was asked about: each call costs the entries it
 handles. Each call runs without an await in between: atomic.
+
+Dead letters are kept for the dead-letter retention (by the backend's clock)
+and at most ``MAX_DEAD_LETTERS`` per partition, the oldest dropped first;
+both only when the relay trims them, so each drop is counted.
 """
 
 from __future__ import annotations
@@ -19,18 +23,27 @@ from dataclasses import replace
 from backends.memory.delivery import DeliveryState, PartitionState
 from backends.memory.outbox_log import NAMES, OutboxLog
 from backends.memory.state import MemoryState
-from service.domain.delivery import OutboxPartitions
+from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreInvalid
 from service.domain.model import OutboxEntry, OutboxPublication
 from service.domain.ports import Clock
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
+MAX_DEAD_LETTERS = 10_000
+"""Most dead letters one memory partition keeps (they live in the process)."""
+
 
 class MemoryOutboxPartitions(OutboxPartitions):
-    def __init__(self, state: MemoryState, clock: Clock) -> None:
+    def __init__(
+        self,
+        state: MemoryState,
+        clock: Clock,
+        dead_letter_retention_ms: int = DeliverySettings().dead_letter_retention_ms,
+    ) -> None:
         self._log: OutboxLog = state.outbox
         self._delivery: DeliveryState = state.delivery
         self._clock = clock
+        self._dead_retention_ms = dead_letter_retention_ms
 
     def partitions(self) -> tuple[str, ...]:
         return NAMES
@@ -111,6 +124,7 @@ class MemoryOutboxPartitions(OutboxPartitions):
             p.letters += 1
             letter = f"{p.letters:012d}"
             p.dead[letter] = replace(dead, letter=letter)
+            p.dead_ms[letter] = self._clock.now_ms()
 
     async def oldest_pending_ms(self, lease: Lease) -> int | None:
         p = self._state(lease.partition)
@@ -135,6 +149,7 @@ class MemoryOutboxPartitions(OutboxPartitions):
             dead = p.dead.pop(letter, None)
             if dead is None:
                 continue
+            p.dead_ms.pop(letter, None)
             position = self._log.next_position()
             publication = OutboxPublication(dead.entry.publication.stream, str(position))
             self._log.add(
@@ -143,6 +158,19 @@ class MemoryOutboxPartitions(OutboxPartitions):
             )
             moved += 1
         return moved
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        p = self._held(lease)
+        cutoff = self._clock.now_ms() - self._dead_retention_ms
+        excess = len(p.dead) - MAX_DEAD_LETTERS
+        dropped = 0
+        for letter in list(p.dead):  # oldest first: ids count up
+            if p.dead_ms.get(letter, 0) >= cutoff and dropped >= excess:
+                break
+            del p.dead[letter]
+            p.dead_ms.pop(letter, None)
+            dropped += 1
+        return DeadLetterTrim(dropped, len(p.dead))
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         now = self._clock.now_ms()

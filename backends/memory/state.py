@@ -56,8 +56,11 @@ class Conversation:
     version: int = 1
     member_count: int = 0
     intervals: dict[str, Intervals] = field(default_factory=dict)
-    users: list[str] = field(default_factory=list)
-    """Every user with intervals, sorted: the order members are listed in."""
+    current: list[str] = field(default_factory=list)
+    """The members now, sorted: the order members are listed in."""
+    removals: list[tuple[int, str]] = field(default_factory=list)
+    """(version, user) of each removal, in version order; a user re-added or removed
+    again since is skipped when read (its intervals say so)."""
     last_seq: int = 0
     available_from: int = 1
     wanted_cut: int = 0
@@ -70,21 +73,19 @@ class Conversation:
     abandoned: list[int] = field(default_factory=list)
     """Sorted seqs an operator abandoned: permanent gaps, kept while readable."""
 
-    def add_users(self, new: list[str]) -> None:
-        """Merge never-seen users into the sorted listing order."""
-        fresh = sorted(u for u in new if u not in self.intervals)
-        if fresh:
-            merged: list[str] = []
-            i = j = 0
-            while i < len(self.users) and j < len(fresh):
-                if self.users[i] < fresh[j]:
-                    merged.append(self.users[i])
-                    i += 1
-                else:
-                    merged.append(fresh[j])
-                    j += 1
-            merged += self.users[i:] + fresh[j:]
-            self.users = merged
+    def joined(self, users: list[str]) -> None:
+        """Users who became members: into the sorted listing order."""
+        if len(users) > 16:
+            self.current = sorted({*self.current, *users})
+        else:
+            for user in users:
+                bisect.insort(self.current, user)
+
+    def left(self, users: list[str], version: int) -> None:
+        """Users removed at ``version``: out of the listing order, into the removals."""
+        gone = set(users)
+        self.current = [u for u in self.current if u not in gone]
+        self.removals += [(version, u) for u in sorted(gone)]
 
     def pin(self, seq: int) -> None:
         bisect.insort(self.pinned, seq)

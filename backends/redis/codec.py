@@ -17,6 +17,9 @@ json key  field                        json key  field
 ``c``     custom type
 ========  ===========================  ========  ===========================
 
+A mailbox entry's record (``encode_lane_record``) adds ``mv``: the membership
+version its delivery was frozen at; entries written before it read as 0.
+
 Commit hash, full form (RESERVED, RECORDED, OUTBOXED)::
 
     st  state rank: 0 reserved, 1 recorded, 2 outboxed
@@ -104,6 +107,21 @@ def _dumps(value: object) -> bytes:
 
 def encode_record(record: MessageRecord) -> bytes:
     """The record without tenant, conversation and seq (see the module doc)."""
+    return _dumps(_record_doc(record))
+
+
+def encode_lane_record(record: MessageRecord, membership_version: int) -> bytes:
+    """A mailbox entry's record: ``encode_record``'s form plus ``mv``, the
+    membership version its delivery was frozen at (left out when unknown, 0).
+    A key of its own in the same object, so a reader that does not know it
+    (``decode_record``) still reads the record."""
+    doc = _record_doc(record)
+    if membership_version:
+        doc["mv"] = membership_version
+    return _dumps(doc)
+
+
+def _record_doc(record: MessageRecord) -> dict[str, object]:
     c = record.content
     doc: dict[str, object] = {
         "i": record.message_id,
@@ -123,7 +141,7 @@ def encode_record(record: MessageRecord) -> bytes:
     if record.reply_to:
         doc["p"] = record.reply_to
     doc["t"] = record.server_ts_ms
-    return _dumps(doc)
+    return doc
 
 
 def history_member(record: MessageRecord) -> bytes:
@@ -144,43 +162,54 @@ def _int(value: object) -> int:
 
 
 def decode_record(tenant: str, conversation: str, seq: int, blob: bytes) -> MessageRecord:
+    return decode_lane_record(tenant, conversation, seq, blob)[0]
+
+
+def decode_lane_record(
+    tenant: str, conversation: str, seq: int, blob: bytes
+) -> tuple[MessageRecord, int]:
+    """``encode_lane_record``'s record and membership version (0 when absent)."""
     try:
         doc = _loads(blob)
         if not isinstance(doc, dict):
             raise StoreCorrupt("a stored record is not an object")
-        ref_doc = doc.get("f")
-        ref = None
-        if ref_doc is not None:
-            if not isinstance(ref_doc, list) or len(ref_doc) != 3:
-                raise StoreCorrupt("a stored body reference is malformed")
-            uri, size, sha = ref_doc
-            if not isinstance(uri, str) or not isinstance(sha, str):
-                raise StoreCorrupt("a stored body reference is malformed")
-            ref = BodyReference(uri, _int(size), sha)
-        mentions = doc.get("n", [])
-        if not isinstance(mentions, list) or not all(isinstance(m, str) for m in mentions):
-            raise StoreCorrupt("stored mentions are malformed")
-        content = MessageContent(
-            message_type=MessageType(_str(doc, "y")),
-            body=base64.b64decode(_str(doc, "b", ""), validate=True),
-            body_ref=ref,
-            custom_type=_str(doc, "c", ""),
-        )
-        return MessageRecord(
-            tenant=tenant,
-            conversation=conversation,
-            seq=seq,
-            message_id=_str(doc, "i"),
-            sender=_str(doc, "u"),
-            device=_str(doc, "d"),
-            cmid=_str(doc, "k"),
-            content=content,
-            mentions=tuple(mentions),
-            reply_to=_str(doc, "p", ""),
-            server_ts_ms=_int(doc.get("t")),
-        )
+        return _record_of(tenant, conversation, seq, doc), _int(doc.get("mv", 0))
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise StoreCorrupt("a stored record could not be decoded") from exc
+
+
+def _record_of(tenant: str, conversation: str, seq: int, doc: dict[str, Any]) -> MessageRecord:
+    ref_doc = doc.get("f")
+    ref = None
+    if ref_doc is not None:
+        if not isinstance(ref_doc, list) or len(ref_doc) != 3:
+            raise StoreCorrupt("a stored body reference is malformed")
+        uri, size, sha = ref_doc
+        if not isinstance(uri, str) or not isinstance(sha, str):
+            raise StoreCorrupt("a stored body reference is malformed")
+        ref = BodyReference(uri, _int(size), sha)
+    mentions = doc.get("n", [])
+    if not isinstance(mentions, list) or not all(isinstance(m, str) for m in mentions):
+        raise StoreCorrupt("stored mentions are malformed")
+    content = MessageContent(
+        message_type=MessageType(_str(doc, "y")),
+        body=base64.b64decode(_str(doc, "b", ""), validate=True),
+        body_ref=ref,
+        custom_type=_str(doc, "c", ""),
+    )
+    return MessageRecord(
+        tenant=tenant,
+        conversation=conversation,
+        seq=seq,
+        message_id=_str(doc, "i"),
+        sender=_str(doc, "u"),
+        device=_str(doc, "d"),
+        cmid=_str(doc, "k"),
+        content=content,
+        mentions=tuple(mentions),
+        reply_to=_str(doc, "p", ""),
+        server_ts_ms=_int(doc.get("t")),
+    )
 
 
 def decode_history_member(tenant: str, conversation: str, member: bytes) -> MessageRecord:

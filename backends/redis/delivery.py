@@ -110,6 +110,7 @@ async def open_delivery(
             calls,
             legacy=legacy,
             retention_ms=settings.outbox_retention_ms,
+            dead_letter_retention_ms=settings.dead_letter_retention_ms,
             replication=replication,
             events=events,
         ),

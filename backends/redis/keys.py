@@ -27,11 +27,19 @@ key (in shard n)            type     what
 ``P:{n}:m:T:C``             hash     conversation meta: ``v`` membership version,
                                      ``f`` lowest readable version, ``mc`` member
                                      count, ``s`` last seq, ``a`` first available
-                                     seq, ``wc`` the seq retention wants to cut to
+                                     seq, ``wc`` the seq retention wants to cut to,
+                                     ``ix`` 1 when ``um``/``ur`` are kept
 ``P:{n}:u:T:C``             zset     every user with membership intervals (score 0,
                                      listed in id order with ZRANGE BYLEX)
 ``P:{n}:iv:T:C``            hash     user -> version intervals ``s1,u1,s2``
                                      (``service.domain.membership``)
+``P:{n}:um:T:C``            zset     the members now (score 0, id order): what a
+                                     listing reads, with ``ur``
+``P:{n}:ur:T:C``            zset     users who are members no more, score the
+                                     version they were last removed at; both are
+                                     kept once meta ``ix`` is 1 (conversations
+                                     created by this release), else a listing
+                                     walks ``u``
 ``P:{n}:h:T:C``             zset     history: score seq, member ``<seq>:<record>``
 ``P:{n}:x:T:C``             zset     history expiry: score expiry (ms), member seq
 ``P:{n}:p:T:C``             zset     seqs of unfinished intents: retention never
@@ -124,6 +132,8 @@ class ConversationKeys:
     pinned: str
     _commit_base: str
     gaps: str
+    current: str
+    removed: str
 
     def commit(self, sender: str, cmid: str) -> str:
         return f"{self._commit_base}:{enc(sender)}:{enc(cmid)}"
@@ -185,6 +195,8 @@ class KeySpace:
             f"{base}:p:{tc}",
             f"{base}:c:{tc}",
             f"{base}:g:{tc}",
+            f"{base}:um:{tc}",
+            f"{base}:ur:{tc}",
         )
 
     def pointer(self, tenant: str, sender: str, cmid: str) -> PointerKeys:

@@ -7,18 +7,28 @@ is ``P:{n}`` and ``M`` the encoded ``T:k:O``:
 =====================  =======  ===================================================
 key                    type     what
 =====================  =======  ===================================================
-``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``w`` trim
-                                watermark, ``t`` append time of the oldest kept
-                                group, ``f:<partition>`` the newest fencing token
-                                seen from each outbox partition
+``B:mb:M``             hash     ``e`` epoch, ``h`` head (last seq), ``d`` durable
+                                head (what Sync serves: the head the replicas were
+                                seen to hold), ``w`` trim watermark, ``t`` append
+                                time of the oldest kept group, ``f:<partition>``
+                                the newest fencing token seen from each outbox
+                                partition
 ``B:me:M``             zset     entries: score seq, member ``<seq>:<group>:
                                 <appended ms>:<conversation seq>:<enc conversation>:
                                 <enc message id>:<record json>`` (the Redis codec's
-                                record form)
+                                mailbox record form: with ``mv``, the entry's
+                                membership version)
 ``B:mg:M``             zset     groups: score the group's last seq, member
                                 ``<last seq>:<appended ms>``
-``B:mi:M``             hash     encoded message id -> seq (the dedupe)
+``B:mi:M``             hash     encoded message id -> seq (the dedupe): every entry
+                                kept, and every trimmed one still in the dedupe window
+``B:mx:M``             zset     trimmed entries whose ids ``B:mi:M`` still holds:
+                                score seq, member encoded message id
 =====================  =======  ===================================================
+
+The meta's ``x`` is the dedupe mark (``service.domain.mailbox.dedupe_cut``): the
+highest seq whose id the lane forgot. ``B:mg:M`` keeps the groups between ``x``
+and the watermark (trimmed, ids remembered) until the window passes them.
 
 ``APPEND`` handles the mailboxes of one shard in one script call (each one
 all or nothing): it checks the fence first (an older token than one seen:
@@ -76,17 +86,17 @@ local function group_end(member)
   local e, t = string.match(member, '^(%d+):(%d+)$')
   return tonumber(e), tonumber(t)
 end
--- Trim whole groups up to cut (>= w): entries, their dedupe ids, the groups.
-local function trim_to(meta, entries, groups, ids, w, cut)
+-- Trim whole groups up to cut (>= w): the entries go, their dedupe ids and groups
+-- stay (the ids listed in trimmed) until forget drops them.
+local function trim_to(meta, entries, groups, trimmed, w, cut)
   if cut <= w then return w end
   local gone = redis.call('ZRANGE', entries, '-inf', cut, 'BYSCORE')
   for _, member in ipairs(gone) do
-    local mid = string.match(member, '^%d+:%d+:%d+:%d+:[^:]*:([^:]*):')
-    if mid then redis.call('HDEL', ids, mid) end
+    local seq, mid = string.match(member, '^(%d+):%d+:%d+:%d+:[^:]*:([^:]*):')
+    if mid then redis.call('ZADD', trimmed, seq, mid) end
   end
   redis.call('ZREMRANGEBYSCORE', entries, '-inf', cut)
-  redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
-  local oldest = redis.call('ZRANGE', groups, 0, 0)
+  local oldest = redis.call('ZRANGE', groups, '(' .. cut, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
   if oldest[1] then
     local _, first = group_end(oldest[1])
     redis.call('HSET', meta, 'w', cut, 't', first)
@@ -96,12 +106,40 @@ local function trim_to(meta, entries, groups, ids, w, cut)
   end
   return cut
 end
+-- service.domain.mailbox.dedupe_cut: forget the ids of whole trimmed groups (at or
+-- below w) appended at or before now - window.
+local function forget(meta, groups, ids, trimmed, w, window)
+  local x = tonumber(redis.call('HGET', meta, 'x') or '0')
+  if x >= w then return end
+  local ends = redis.call('ZRANGE', groups, '(' .. x, w, 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
+  if not ends[1] then  -- nothing trimmed is remembered (a lane from before the window)
+    redis.call('HSET', meta, 'x', w)
+    return
+  end
+  local cut = x
+  for _, member in ipairs(ends) do
+    local e, t = group_end(member)
+    if e > w or t > now - window then break end
+    cut = e
+  end
+  if cut <= x then return end
+  for _, mid in ipairs(redis.call('ZRANGE', trimmed, '-inf', cut, 'BYSCORE')) do
+    redis.call('HDEL', ids, mid)
+  end
+  redis.call('ZREMRANGEBYSCORE', trimmed, '-inf', cut)
+  redis.call('ZREMRANGEBYSCORE', groups, '-inf', cut)
+  redis.call('HSET', meta, 'x', cut)
+end
 -- service.domain.mailbox.trim_cut: too old or too many, whole groups. ``t`` in the
 -- meta is the oldest kept group's append time, so a lane with nothing to trim
 -- costs no group read.
-local function retain(meta, entries, groups, ids, head, w, retention, max_entries)
+local function retain(meta, entries, groups, ids, trimmed, head, w, retention, max_entries,
+    window)
   local first = tonumber(redis.call('HGET', meta, 't') or '-1')
-  if head - w <= max_entries and (first < 0 or first > now - retention) then return w end
+  if head - w <= max_entries and (first < 0 or first > now - retention) then
+    forget(meta, groups, ids, trimmed, w, window)
+    return w
+  end
   local ends = redis.call('ZRANGE', groups, '(' .. w, '+inf', 'BYSCORE', 'LIMIT', 0, TRIM_BATCH)
   local cut = w
   for _, member in ipairs(ends) do
@@ -109,7 +147,9 @@ local function retain(meta, entries, groups, ids, head, w, retention, max_entrie
     if not (t <= now - retention or (head - cut > max_entries and e < head)) then break end
     cut = e
   end
-  return trim_to(meta, entries, groups, ids, w, cut)
+  w = trim_to(meta, entries, groups, trimmed, w, cut)
+  forget(meta, groups, ids, trimmed, w, window)
+  return w
 end
 """.replace("TRIM_BATCH", str(TRIM_BATCH))
 
@@ -117,15 +157,19 @@ APPEND = script(
     "mailbox_append",
     """#!lua
 -- Appends to several mailboxes of one shard, each one all or nothing.
--- KEYS: id, then (meta entries groups ids) per mailbox
--- ARGV: dep shift partition token retention_ms max_entries n (mid conv_seq conv record)*n,
+-- KEYS: id, then (meta entries groups ids trimmed) per mailbox
+-- ARGV: dep shift partition token retention_ms max_entries dedupe_window_ms gated n
+--       (mid conv_seq conv record)*n,
 --       then per mailbox: floor epoch, floor head (0 0: none), count, record numbers (1-based)...
 --@prologue
 --@retain
 local token = tonumber(ARGV[4])
 local fence_field = 'f:' .. ARGV[3]
-local retention, max_entries = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, picks)
+local retention, max_entries, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- gated (replicas waited for): the durable head d moves only after a barrier
+-- (DURABLE); else every append is durable as it lands
+local gated = ARGV[8] == '1'
+local function append_one(meta, entries, groups, ids, trimmed, floor_epoch, floor_head, picks)
   local seen = tonumber(redis.call('HGET', meta, fence_field) or '0')
   if seen > token then return {'fenced', 0, 0, 0} end
   local m = redis.call('HMGET', meta, 'e', 'h', 'w')
@@ -134,8 +178,10 @@ local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, p
   if epoch < floor_epoch or (epoch == floor_epoch and head < floor_head) then
     return {'moved', epoch, head}
   end
-  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0) end
+  if not m[1] then redis.call('HSET', meta, 'e', 1, 'h', 0, 'w', 0, 'd', 0) end
   if seen < token then redis.call('HSET', meta, fence_field, token) end
+  -- a lane from before the durable head: what it held counts as durable
+  redis.call('HSETNX', meta, 'd', head)
   local group, added, dups, fresh = head + 1, 0, 0, {}
   for _, b in ipairs(picks) do
     local mid = ARGV[b]
@@ -152,24 +198,25 @@ local function append_one(meta, entries, groups, ids, floor_epoch, floor_head, p
   end
   if added > 0 then
     redis.call('HSET', meta, 'h', head)
+    if not gated then redis.call('HSET', meta, 'd', head) end
     redis.call('HSETNX', meta, 't', now)
     redis.call('ZADD', groups, head, head .. ':' .. now)
   else
     group = 0
   end
-  retain(meta, entries, groups, ids, head, w, retention, max_entries)
+  retain(meta, entries, groups, ids, trimmed, head, w, retention, max_entries, window)
   return {'ok', added, dups, group, epoch, head}
 end
-local n = tonumber(ARGV[7])
-local pos = 8 + n * 4
+local n = tonumber(ARGV[9])
+local pos = 10 + n * 4
 local out = {}
-for k = 2, #KEYS, 4 do
+for k = 2, #KEYS, 5 do
   local floor_epoch, floor_head = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
   local count, picks = tonumber(ARGV[pos + 2]), {}
-  for c = 1, count do picks[c] = 8 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
+  for c = 1, count do picks[c] = 10 + (tonumber(ARGV[pos + 2 + c]) - 1) * 4 end
   pos = pos + count + 3
-  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], floor_epoch,
-    floor_head, picks)
+  out[#out + 1] = append_one(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4],
+    floor_epoch, floor_head, picks)
 end
 return out
 """.replace("--@retain", _RETAIN),
@@ -179,17 +226,23 @@ READ = script(
     "mailbox_read",
     """#!lua flags=no-writes
 -- KEYS: id meta entries groups    ARGV: dep shift after limit retention_ms
+-- The lane as readers see it: up to its durable head d only (the head the
+-- replicas were seen to hold; always a group's end), never an entry a failover
+-- could take away. Answers the real head too, so the caller can see a tail
+-- waiting for its barrier.
 --@prologue
-local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w', 't')
-local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w', 't', 'd')
+local epoch, real, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
+-- (never below the watermark: what a trim took is gone either way)
+local head = math.max(w, math.min(real, tonumber(m[5] or m[2] or '0')))
 local after = tonumber(ARGV[3])
 local items = {}
 if after >= w and after <= head then
-  items = redis.call('ZRANGE', KEYS[3], '(' .. after, '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[4])
+  items = redis.call('ZRANGE', KEYS[3], '(' .. after, head, 'BYSCORE', 'LIMIT', 0, ARGV[4])
   if #items > 0 then  -- complete the last group
     local last = tonumber(string.match(items[#items], '^(%d+):'))
     local g = redis.call('ZRANGE', KEYS[4], last, '+inf', 'BYSCORE', 'LIMIT', 0, 1)
-    local gend = g[1] and tonumber(string.match(g[1], '^(%d+):')) or last
+    local gend = math.min(head, g[1] and tonumber(string.match(g[1], '^(%d+):')) or last)
     if gend > last then
       for _, r in ipairs(redis.call('ZRANGE', KEYS[3], '(' .. last, gend, 'BYSCORE')) do
         items[#items + 1] = r
@@ -202,19 +255,40 @@ end
 local first = tonumber(m[4] or '-1')
 local stale = 0
 if first >= 0 and first <= now - tonumber(ARGV[5]) then stale = 1 end
-return {'ok', epoch, head, w, items, stale}
+return {'ok', epoch, head, w, items, stale, real}
+""",
+)
+
+DURABLE = script(
+    "mailbox_durable",
+    """#!lua
+-- After a barrier the replicas acknowledged: each lane's durable head d moves up
+-- to the head it had before the barrier, while the lane is still in that epoch.
+-- KEYS: id, then meta per mailbox    ARGV: dep shift, then (epoch head) per mailbox
+--@prologue
+for k = 2, #KEYS do
+  local epoch, head = tonumber(ARGV[2 * k - 1]), tonumber(ARGV[2 * k])
+  local m = redis.call('HMGET', KEYS[k], 'e', 'h', 'd')
+  if tonumber(m[1] or '1') == epoch and tonumber(m[3] or '0') < head
+      and head <= tonumber(m[2] or '0') then
+    redis.call('HSET', KEYS[k], 'd', head)
+  end
+end
+return {'ok'}
 """,
 )
 
 RETAIN = script(
     "mailbox_retain",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift retention_ms max_entries
+-- KEYS: id meta entries groups ids trimmed
+-- ARGV: dep shift retention_ms max_entries dedupe_window_ms
 --@prologue
 --@retain
 local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
 local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[3] or '0')
-w = retain(KEYS[2], KEYS[3], KEYS[4], KEYS[5], head, w, tonumber(ARGV[3]), tonumber(ARGV[4]))
+w = retain(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], head, w, tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5]))
 return {'ok', epoch, head, w}
 """.replace("--@retain", _RETAIN),
 )
@@ -222,7 +296,7 @@ return {'ok', epoch, head, w}
 TRIM = script(
     "mailbox_trim",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift through
+-- KEYS: id meta entries groups ids trimmed    ARGV: dep shift through dedupe_window_ms
 --@prologue
 --@retain
 local m = redis.call('HMGET', KEYS[2], 'e', 'h', 'w')
@@ -230,7 +304,8 @@ local epoch, head, w = tonumber(m[1] or '1'), tonumber(m[2] or '0'), tonumber(m[
 local cut = w
 local ends = redis.call('ZRANGE', KEYS[4], '(' .. w, tonumber(ARGV[3]), 'BYSCORE')
 for _, member in ipairs(ends) do cut = group_end(member) end
-w = trim_to(KEYS[2], KEYS[3], KEYS[4], KEYS[5], w, cut)
+w = trim_to(KEYS[2], KEYS[3], KEYS[4], KEYS[6], w, cut)
+forget(KEYS[2], KEYS[4], KEYS[5], KEYS[6], w, tonumber(ARGV[4]))
 return {'ok', epoch, head, w}
 """.replace("--@retain", _RETAIN),
 )
@@ -238,17 +313,17 @@ return {'ok', epoch, head, w}
 NEW_EPOCH = script(
     "mailbox_new_epoch",
     """#!lua
--- KEYS: id meta entries groups ids    ARGV: dep shift above
+-- KEYS: id meta entries groups ids trimmed    ARGV: dep shift above
 --@prologue
 local epoch = math.max(tonumber(redis.call('HGET', KEYS[2], 'e') or '1'), tonumber(ARGV[3])) + 1
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
-redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0)
-redis.call('HDEL', KEYS[2], 't')
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('HSET', KEYS[2], 'e', epoch, 'h', 0, 'w', 0, 'd', 0)
+redis.call('HDEL', KEYS[2], 't', 'x')
 return {'ok', epoch, 0, 0}
 """,
 )
 
-SCRIPTS = (APPEND, READ, RETAIN, TRIM, NEW_EPOCH)
+SCRIPTS = (APPEND, READ, RETAIN, TRIM, NEW_EPOCH, DURABLE)
 
 
 class MailboxKeys:
@@ -265,12 +340,13 @@ class MailboxKeys:
         self.entries = f"{base}:me:{m}"
         self.groups = f"{base}:mg:{m}"
         self.ids = f"{base}:mi:{m}"
+        self.trimmed = f"{base}:mx:{m}"
 
     def all(self) -> list[str]:
         return [self.identity, *self.lane()]
 
     def lane(self) -> list[str]:
-        return [self.meta, self.entries, self.groups, self.ids]
+        return [self.meta, self.entries, self.groups, self.ids, self.trimmed]
 
 
 def _outcome(reply: Any) -> AppendOutcome:
@@ -296,10 +372,12 @@ def decode_entry(tenant: str, member: bytes) -> MailboxEntry:
     if len(parts) != 7:
         raise StoreCorrupt("a mailbox entry is malformed")
     seq, group, appended, conv_seq, conversation, _, blob = parts
-    record = codec.decode_record(
+    record, version = codec.decode_lane_record(
         tenant, dec(codec.to_str(conversation)), codec.to_int(conv_seq), blob
     )
-    return MailboxEntry(codec.to_int(seq), codec.to_int(group), record, codec.to_int(appended))
+    return MailboxEntry(
+        codec.to_int(seq), codec.to_int(group), record, codec.to_int(appended), version
+    )
 
 
 class RedisMailboxStore(MailboxStore):
@@ -310,7 +388,7 @@ class RedisMailboxStore(MailboxStore):
         replication: Replication | None = None,
     ) -> None:
         self._calls = calls
-        self._settings = settings.validate()
+        self.settings = settings.validate()
         self._replication = replication
         self._key_cache: dict[Mailbox, MailboxKeys] = {}
 
@@ -325,8 +403,16 @@ class RedisMailboxStore(MailboxStore):
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
         """One script per shard (at most ``PER_CALL`` mailboxes each), all pipelined;
         a record is sent once per call, each mailbox names the records it gets."""
-        s = self._settings
-        head = [*self._calls.head(), fence.partition, fence.token, s.retention_ms, s.max_entries]
+        s = self.settings
+        head = [
+            *self._calls.head(),
+            fence.partition,
+            fence.token,
+            s.retention_ms,
+            s.max_entries,
+            s.dedupe_ms,
+            1 if self._gated else 0,
+        ]
         by_shard: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
             if len(request.items) > MAX_GROUP_ENTRIES:
@@ -352,9 +438,32 @@ class RedisMailboxStore(MailboxStore):
         done = [outcomes[index] for index in range(len(requests))]
         try:
             await self._durable(by_shard)
-        except StoreNotReplicated as exc:  # applied, maybe read: say what it did
+        except StoreNotReplicated as exc:  # applied, not yet readable: say what it did
             raise AppendNotReplicated(str(exc), done) from exc
+        if self._gated:
+            await self._publish(
+                [(requests[i].mailbox, done[i].epoch, done[i].head) for i in range(len(requests))]
+            )
         return done
+
+    @property
+    def _gated(self) -> bool:
+        """Whether readers wait for the replicas (``MC_REDIS_WAIT_REPLICAS`` > 0)."""
+        return self._replication is not None and self._replication.replicas > 0
+
+    async def _publish(self, heads: Sequence[tuple[Mailbox, int, int]]) -> None:
+        """After a barrier: each lane's durable head up to the head it answered, so
+        Sync serves it (one pipelined script per shard)."""
+        by_shard: dict[int, tuple[list[str], list[Any]]] = {}
+        for mailbox, epoch, head in heads:
+            if epoch <= 0:  # fenced, or refused below its floor: nothing to publish
+                continue
+            k = self._keys(mailbox)
+            keys, args = by_shard.setdefault(k.shard, ([k.identity], [*self._calls.head()]))
+            keys.append(k.meta)
+            args += [epoch, head]
+        if by_shard:
+            await self._calls.link.scripts(DURABLE, list(by_shard.values()), write=True)
 
     async def _durable(self, shards: Iterable[int]) -> None:
         """With ``MC_REDIS_WAIT_REPLICAS``, a barrier per shard written: an append is
@@ -390,31 +499,47 @@ class RedisMailboxStore(MailboxStore):
                         enc(r.message_id),
                         r.seq,
                         enc(r.conversation),
-                        codec.encode_record(r),
+                        codec.encode_lane_record(r, item.membership_version),
                     ]
                 picks.append(number)
         return keys, [*head, len(numbers), *records, *picks]
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
-        """One read; on an idle lane whose oldest group is past retention, the
-        retention an append would have applied first, then the read again (so
-        an idle lane never serves what it should no longer hold)."""
+        """The lane up to its durable head (``READ``). On an idle lane whose oldest
+        group is past retention, the retention an append would have applied first,
+        then the read again (an idle lane never serves what it should no longer
+        hold). A tail past the durable head (its relay's barrier failed, or has
+        not returned yet) gets a barrier of this read's own, and is served when
+        the replicas hold it."""
+        rest = await self._read_once(mailbox, after_seq, limit)
+        real = codec.to_int(rest[5])
+        if self._gated and real > codec.to_int(rest[1]):
+            try:
+                await self._durable([self._keys(mailbox).shard])
+            except StoreNotReplicated:
+                pass  # not on the replicas yet: serve what is
+            else:
+                await self._publish([(mailbox, codec.to_int(rest[0]), real)])
+                rest = await self._read_once(mailbox, after_seq, limit)
+        entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
+        return LaneRead(_state(rest), entries)
+
+    async def _read_once(self, mailbox: Mailbox, after_seq: int, limit: int) -> list[Any]:
         k = self._keys(mailbox)
         keys = [k.identity, k.meta, k.entries, k.groups]
-        args = [after_seq, limit, self._settings.retention_ms]
+        args = [after_seq, limit, self.settings.retention_ms]
         for retained in range(STALE_RETAINS + 1):
             word, rest = await self._calls.run(READ, keys, args, write=False)
-            if word != b"ok" or len(rest) != 5 or not isinstance(rest[3], list):
+            if word != b"ok" or len(rest) != 6 or not isinstance(rest[3], list):
                 raise StoreCorrupt("redis gave an unexpected reply")
             if not rest[4] or retained == STALE_RETAINS:
                 break
             await self._retain(mailbox)
-        entries = tuple(decode_entry(mailbox.tenant, m) for m in rest[3])
-        return LaneRead(_state(rest), entries)
+        return list(rest)
 
     async def _retain(self, mailbox: Mailbox) -> None:
-        s = self._settings
-        await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries])
+        s = self.settings
+        await self._lane_script(RETAIN, mailbox, [s.retention_ms, s.max_entries, s.dedupe_ms])
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
         if not mailboxes:
@@ -450,7 +575,7 @@ class RedisMailboxStore(MailboxStore):
         return result
 
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
-        return await self._lane_script(TRIM, mailbox, [through_seq])
+        return await self._lane_script(TRIM, mailbox, [through_seq, self.settings.dedupe_ms])
 
     async def new_epoch(self, mailbox: Mailbox, above: int = 0) -> LaneState:
         return await self._lane_script(NEW_EPOCH, mailbox, [above])

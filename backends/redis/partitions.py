@@ -24,7 +24,9 @@ Per partition, in the stream's shard ``B = P:{n}``:
   problem, ``a`` attempts); an entry found gone from its stream while pending
   (trimmed by something other than the relay) leaves a letter of its id alone,
   marked ``g``, with empty entry fields: counted as the backend event
-  ``outbox_entries_gone``, and never requeued (there is nothing to re-send);
+  ``outbox_entries_gone``, and never requeued (there is nothing to re-send).
+  The holder trims it to MC_RELAY_DEAD_LETTER_RETENTION (XTRIM MINID by Redis
+  time, ``trim_dead_letters``), counting what it dropped;
 * ``P:{0}:relays`` zset: live relays, score the expiry of their announcement.
 
 Every script that changes a partition checks the caller's token against
@@ -32,8 +34,15 @@ Every script that changes a partition checks the caller's token against
 settle also checks that every entry it names is pending under the caller.
 A relay waits for new entries with one blocking XREAD over its idle
 partitions (standalone and Sentinel; on a Cluster it polls). Each relay process
-is a consumer of its own name; a takeover deletes the earlier holders' consumers
-that have nothing pending, so restarts do not pile consumers up in the group.
+is a consumer of its own name. Idle consumers are deleted at three points, so
+restarts do not pile them up in the group: a takeover deletes the earlier
+holders' consumers that have nothing pending; a look at what is unsettled
+that reached the end of the pending list (every pending entry is the
+holder's now) deletes every other consumer; a release deletes the
+releaser's own consumer when it has nothing pending. So once a holder has
+reconciled, the group holds it alone (plus a killed relay's consumer, with its
+pending entries, until the next holder moved them), and a partition let go
+gracefully keeps none (``tests/redis/test_relay_consumers.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from backends.redis.keys import Release1Keys
 from backends.redis.lua import script
 from backends.redis.outbox import decode_entry
 from backends.redis.replication import Replication
-from service.domain.delivery import OutboxPartitions
+from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
@@ -94,11 +103,31 @@ local function last_delivered(stream, group)
 end
 """
 
+_CONSUMERS = """
+-- Delete the group's consumers that have nothing pending, except ``keep``
+-- (or only ``only``, when given).
+local function forget_idle(stream, group, keep, only)
+  local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', stream, group)
+  if not ok then return end
+  for _, c in ipairs(consumers) do
+    local name, pending
+    for i = 1, #c, 2 do
+      if c[i] == 'name' then name = c[i + 1] end
+      if c[i] == 'pending' then pending = c[i + 1] end
+    end
+    if name and name ~= keep and pending == 0 and (only == nil or name == only) then
+      redis.call('XGROUP', 'DELCONSUMER', stream, group, name)
+    end
+  end
+end
+"""
+
 ACQUIRE = script(
     "relay_acquire",
     """#!lua
 -- KEYS: id lease stream    ARGV: dep shift owner ttl_ms group
 --@prologue
+--@consumers
 local l = redis.call('HMGET', KEYS[2], 'o', 't', 'x')
 local token, expires = tonumber(l[2] or '0'), tonumber(l[3] or '0')
 local until_ms = now + tonumber(ARGV[4])
@@ -112,32 +141,24 @@ redis.call('HSET', KEYS[2], 'o', ARGV[3], 't', token, 'x', until_ms)
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
 -- Every relay process is a new consumer: forget the earlier ones with nothing
 -- pending (one with pending entries stays until this holder moved them).
-local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[3], ARGV[5])
-if ok then
-  for _, c in ipairs(consumers) do
-    local name, pending
-    for i = 1, #c, 2 do
-      if c[i] == 'name' then name = c[i + 1] end
-      if c[i] == 'pending' then pending = c[i + 1] end
-    end
-    if name and name ~= ARGV[3] and pending == 0 then
-      redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[5], name)
-    end
-  end
-end
+forget_idle(KEYS[3], ARGV[5], ARGV[3])
 return {'taken', token, until_ms}
-""",
+""".replace("--@consumers", _CONSUMERS),
 )
 
 RELEASE = script(
     "relay_release",
     """#!lua
--- KEYS: id lease    ARGV: dep shift token
+-- KEYS: id lease stream    ARGV: dep shift token owner group
 --@prologue
 --@token
+--@consumers
 if token_ok(KEYS[2], ARGV[3]) then redis.call('HSET', KEYS[2], 'x', 0) end
+-- A relay that lets go with nothing pending leaves no consumer behind (one
+-- with pending entries stays: the next holder moves them, then forgets it).
+forget_idle(KEYS[3], ARGV[5], '', ARGV[4])
 return {'ok'}
-""".replace("--@token", _TOKEN),
+""".replace("--@token", _TOKEN).replace("--@consumers", _CONSUMERS),
 )
 
 CLAIM = script(
@@ -164,6 +185,7 @@ UNSETTLED = script(
 -- KEYS: id lease stream retry dlq    ARGV: dep shift token consumer group count gone_problem
 --@prologue
 --@token
+--@consumers
 if not token_ok(KEYS[2], ARGV[3]) then return {'lost'} end
 local r = redis.call('XAUTOCLAIM', KEYS[3], ARGV[5], ARGV[4], 0, '0-0', 'COUNT', ARGV[6])
 local entries, deleted = r[2], r[3]
@@ -182,10 +204,13 @@ if deleted and #deleted > 0 then
   redis.call('HDEL', KEYS[4], unpack(deleted))
   gone = #deleted
 end
+-- The scan reached the end: every pending entry is this holder's now, so the
+-- earlier holders' consumers are empty; forget them.
+if r[1] == '0-0' then forget_idle(KEYS[3], ARGV[5], ARGV[4]) end
 local marks = {}
 for i, e in ipairs(entries) do marks[i] = redis.call('HGET', KEYS[4], e[1]) or '' end
 return {'ok', entries, marks, gone}
-""".replace("--@token", _TOKEN),
+""".replace("--@token", _TOKEN).replace("--@consumers", _CONSUMERS),
 )
 
 SETTLE = script(
@@ -280,6 +305,22 @@ return {'ok', moved}
 """,
 )
 
+TRIM_DEAD = script(
+    "relay_trim_dead_letters",
+    """#!lua
+-- KEYS: id lease dlq    ARGV: dep shift token retention_ms
+--@prologue
+--@token
+if not token_ok(KEYS[2], ARGV[3]) then return {'lost'} end
+local cutoff = now - tonumber(ARGV[4])
+local dropped = 0
+if cutoff > 0 then
+  dropped = redis.call('XTRIM', KEYS[3], 'MINID', string.format('%.0f', cutoff) .. '-0')
+end
+return {'ok', dropped, redis.call('XLEN', KEYS[3])}
+""".replace("--@token", _TOKEN),
+)
+
 RELAYS = script(
     "relay_announce",
     """#!lua
@@ -291,7 +332,7 @@ return {'ok', redis.call('ZCARD', KEYS[2])}
 """,
 )
 
-SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, RELAYS)
+SCRIPTS = (ACQUIRE, RELEASE, CLAIM, UNSETTLED, SETTLE, OLDEST, REQUEUE, TRIM_DEAD, RELAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +372,7 @@ class RedisOutboxPartitions(OutboxPartitions):
         *,
         legacy: bool,
         retention_ms: int,
+        dead_letter_retention_ms: int = DeliverySettings().dead_letter_retention_ms,
         replication: Replication | None = None,
         events: Counter[str] | None = None,
     ) -> None:
@@ -338,6 +380,7 @@ class RedisOutboxPartitions(OutboxPartitions):
         self._events: Counter[str] = Counter() if events is None else events
         self._link = calls.link
         self._retention_ms = retention_ms
+        self._dead_retention_ms = dead_letter_retention_ms
         self._replication = replication
         ks = calls.keys
         self._keys: dict[str, PartitionKeys] = {}
@@ -380,7 +423,9 @@ class RedisOutboxPartitions(OutboxPartitions):
 
     async def release(self, lease: Lease) -> None:
         k = self._k(lease.partition)
-        await self._calls.run(RELEASE, [k.identity, k.lease], [lease.token])
+        await self._calls.run(
+            RELEASE, [k.identity, k.lease, k.stream], [lease.token, lease.owner, GROUP]
+        )
 
     async def _fenced(self, which: Any, keys: list[str], args: list[Any]) -> list[Any]:
         word, rest = await self._calls.run(which, keys, args)
@@ -485,6 +530,15 @@ class RedisOutboxPartitions(OutboxPartitions):
         if word != b"ok" or not rest:
             raise StoreCorrupt("redis gave an unexpected reply")
         return codec.to_int(rest[0])
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        k = self._k(lease.partition)
+        rest = await self._fenced(
+            TRIM_DEAD, [k.identity, k.lease, k.dead], [lease.token, self._dead_retention_ms]
+        )
+        if len(rest) != 2:
+            raise StoreCorrupt("redis gave an unexpected reply")
+        return DeadLetterTrim(codec.to_int(rest[0]), codec.to_int(rest[1]))
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         word, rest = await self._calls.run(RELAYS, list(self._relays), [owner, ttl_ms])

@@ -92,7 +92,12 @@ async def open_delivery(
     return DeliveryPorts(
         mailbox=ScyllaMailboxStore(cql, settings.mailbox, clock),
         partitions=ScyllaOutboxPartitions(
-            cql, namespace, clock, settle_window_ms=settings.settle_window_ms
+            cql,
+            namespace,
+            clock,
+            settle_window_ms=settings.settle_window_ms,
+            outbox_retention_ms=settings.outbox_retention_ms,
+            dead_letter_retention_ms=settings.dead_letter_retention_ms,
         ),
         index=ScyllaConversationIndex(cql),
         records=ScyllaHistoryRecords(cql),

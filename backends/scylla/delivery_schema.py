@@ -19,6 +19,10 @@ user_conversations       (tenant, member) / conversation      the per-user conve
 
 Release 1's (and schema 2's) ``outbox`` table stays: the relay drains it as
 the partition ``scylla:legacy``; new commits publish to ``outbox_log``.
+
+Schema 4 adds ``mailboxes.membership_version``: the membership version an
+entry's message was frozen at (``service.domain.mailbox.readable``). Entries
+written before it read as 0 (unknown).
 """
 
 from __future__ import annotations

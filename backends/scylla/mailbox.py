@@ -4,8 +4,16 @@ A mailbox is the partition ``(tenant, kind, owner)`` of ``mailboxes``; its
 static columns hold the lane's ``epoch``, ``head``, ``watermark``, the newest
 fencing token seen per outbox partition (``fences``), the append time of the
 oldest group still kept (``first_ms``) and a ``version`` that every change
-increments. Rows: ``('e', seq, message id)`` the entries, ``('i', 0, message
-id)`` the dedupe index, ``('g', last seq, '')`` the groups.
+increments. Rows: ``('e', seq, message id)`` the entries (with the
+``membership_version`` their message was frozen at: schema 4; older rows read
+as 0, unknown), ``('i', 0, message id)`` the dedupe index, ``('g', last seq,
+'')`` the groups, ``('x', seq, message id)`` the trimmed entries whose ids the
+dedupe index still holds.
+
+A trim (by age, by count, by hand) deletes the entries and lists their ids as
+'x' rows; the ids and the 'g' rows at or below the watermark stay until the
+dedupe window passes them (``service.domain.mailbox.dedupe_cut``), checked
+whenever retention trims the lane.
 
 An append reads the statics and the dedupe rows of its items (two reads in
 parallel), decides (fenced? which items are new? what must retention trim?)
@@ -42,7 +50,7 @@ _PK = "tenant = ? AND kind = ? AND owner = ?"
 _STATICS = "epoch, head, watermark, version, fences, first_ms"
 _ENTRY = (
     "seq, message_id, group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms, "
-    + ", ".join(BODY_COLUMNS)
+    "membership_version, " + ", ".join(BODY_COLUMNS)
 )
 STATEMENTS = {
     "mb.statics": f"SELECT {_STATICS} FROM {{ks}}.mailboxes WHERE {_PK} LIMIT 1",
@@ -52,18 +60,25 @@ STATEMENTS = {
     f" WHERE {_PK} AND row_kind = 'e' AND seq > ? LIMIT ?",
     "mb.range": f"SELECT {_ENTRY} FROM {{ks}}.mailboxes"
     f" WHERE {_PK} AND row_kind = 'e' AND seq > ? AND seq <= ?",
-    "mb.trimmed": "SELECT message_id FROM {ks}.mailboxes"
+    "mb.trimmed": "SELECT seq, message_id FROM {ks}.mailboxes"
     f" WHERE {_PK} AND row_kind = 'e' AND seq > ? AND seq <= ?",
     "mb.groups": "SELECT seq, appended_ms FROM {ks}.mailboxes"
     f" WHERE {_PK} AND row_kind = 'g' AND seq > ? LIMIT ?",
+    "mb.old_groups": "SELECT seq, appended_ms FROM {ks}.mailboxes"
+    f" WHERE {_PK} AND row_kind = 'g' AND seq <= ? LIMIT ?",
+    "mb.remembered": "SELECT message_id FROM {ks}.mailboxes"
+    f" WHERE {_PK} AND row_kind = 'x' AND seq <= ?",
+    "mb.trimmed_id": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id)"
+    " VALUES (?, ?, ?, 'x', ?, ?)",
+    "mb.cut_trimmed": f"DELETE FROM {{ks}}.mailboxes WHERE {_PK} AND row_kind = 'x' AND seq <= ?",
     "mb.group_of": "SELECT seq FROM {ks}.mailboxes"
     f" WHERE {_PK} AND row_kind = 'g' AND seq >= ? LIMIT 1",
     "mb.bump": "UPDATE {ks}.mailboxes SET epoch = ?, head = ?, watermark = ?, version = ?,"
     f" fences = fences + ?, first_ms = ? WHERE {_PK} IF version = ?",
     "mb.entry": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id,"
-    " group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms, "
-    + ", ".join(BODY_COLUMNS)
-    + ") VALUES (?, ?, ?, 'e', ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+    " group_id, appended_ms, conversation, conv_seq, sender, cmid, server_ts_ms,"
+    " membership_version, " + ", ".join(BODY_COLUMNS) + ")"
+    " VALUES (?, ?, ?, 'e', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
     + ", ".join("?" for _ in BODY_COLUMNS)
     + ")",
     "mb.id": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id, at_seq)"
@@ -97,7 +112,8 @@ def _state(row: Row | None) -> tuple[LaneState, int | None, dict[str, int], int 
     return state, int(row["version"]), dict(row.get("fences") or {}), row.get("first_ms")
 
 
-def _entry(tenant: str, row: Row) -> MailboxEntry:
+def entry_of(tenant: str, row: Row) -> MailboxEntry:
+    """One entry row back into an entry (a row from before schema 4: version unknown)."""
     try:
         record = MessageRecord(
             tenant=tenant,
@@ -112,7 +128,13 @@ def _entry(tenant: str, row: Row) -> MailboxEntry:
             reply_to=row.get("reply_to") or "",
             server_ts_ms=int(row["server_ts_ms"]),
         )
-        return MailboxEntry(int(row["seq"]), int(row["group_id"]), record, int(row["appended_ms"]))
+        return MailboxEntry(
+            int(row["seq"]),
+            int(row["group_id"]),
+            record,
+            int(row["appended_ms"]),
+            int(row.get("membership_version") or 0),  # before schema 4: unknown
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreCorrupt("a mailbox entry could not be decoded") from exc
 
@@ -120,7 +142,7 @@ def _entry(tenant: str, row: Row) -> MailboxEntry:
 class ScyllaMailboxStore(MailboxStore):
     def __init__(self, cql: CqlSession, settings: MailboxSettings, clock: Clock) -> None:
         self._cql = cql
-        self._settings = settings.validate()
+        self.settings = settings.validate()
         self._clock = clock
         self._limit = asyncio.Semaphore(CONCURRENCY)
 
@@ -161,7 +183,8 @@ class ScyllaMailboxStore(MailboxStore):
                     (
                         "mb.entry",
                         (*key, seq, r.message_id, first, now, r.conversation, r.seq, r.sender,
-                         r.cmid, r.server_ts_ms, *body_values(r, unset_absent=True)),
+                         r.cmid, r.server_ts_ms, item.membership_version,
+                         *body_values(r, unset_absent=True)),
                     )
                 )  # fmt: skip
                 batch.append(("mb.id", (*key, r.message_id, seq)))
@@ -198,12 +221,16 @@ class ScyllaMailboxStore(MailboxStore):
         new_group: tuple[int, int] | None = None,
         through: int | None = None,
     ) -> tuple[int, int | None, list[tuple[str, tuple[object, ...]]]]:
-        """(watermark, first_ms, the deletes) retention (or ``through``) asks for."""
-        s = self._settings
+        """(watermark, first_ms, the changes) retention (or ``through``) asks for:
+        the entries cut, and the ids the dedupe window no longer covers."""
+        s = self.settings
         due = through is not None or state.head - state.watermark > s.max_entries
         if not due and (first_ms is None or first_ms > now - s.retention_ms):
             return state.watermark, first_ms, []
-        rows = await self._cql.read("mb.groups", (*key, state.watermark, TRIM_GROUPS + 1))
+        rows, old = await asyncio.gather(
+            self._cql.read("mb.groups", (*key, state.watermark, TRIM_GROUPS + 1)),
+            self._cql.read("mb.old_groups", (*key, state.watermark, TRIM_GROUPS)),
+        )
         groups = [(int(r["seq"]), int(r["appended_ms"])) for r in rows]
         if new_group is not None and new_group not in groups:
             groups.append(new_group)
@@ -217,17 +244,24 @@ class ScyllaMailboxStore(MailboxStore):
                 retention_ms=s.retention_ms,
                 max_entries=s.max_entries,
             )
+        remembered = [(int(r["seq"]), int(r["appended_ms"])) for r in old]
+        forget = rules.dedupe_cut(0, cut, remembered + groups, now_ms=now, window_ms=s.dedupe_ms)
+        changes: list[tuple[str, tuple[object, ...]]] = []
+        if forget > 0:  # one delete per id: a conditional batch takes no IN on clustering
+            gone_ids = await self._cql.read("mb.remembered", (*key, forget))
+            changes += [("mb.cut_id", (*key, r["message_id"])) for r in gone_ids]
+            changes += [("mb.cut_trimmed", (*key, forget)), ("mb.cut_groups", (*key, forget))]
         if cut <= state.watermark:
-            return state.watermark, first_ms, []
+            return state.watermark, first_ms, changes
         gone = await self._cql.read("mb.trimmed", (*key, state.watermark, cut))
-        deletes: list[tuple[str, tuple[object, ...]]] = [
-            ("mb.cut_entries", (*key, cut)),
-            ("mb.cut_groups", (*key, cut)),
-        ]
-        # One delete per id: a conditional batch takes no IN on clustering columns.
-        deletes += [("mb.cut_id", (*key, r["message_id"])) for r in gone]
+        changes.append(("mb.cut_entries", (*key, cut)))
+        for r in gone:
+            if int(r["seq"]) <= forget:
+                changes.append(("mb.cut_id", (*key, r["message_id"])))
+            else:
+                changes.append(("mb.trimmed_id", (*key, int(r["seq"]), r["message_id"])))
         later = [t for end, t in groups if end > cut]
-        return cut, later[0] if later else None, deletes
+        return cut, later[0] if later else None, changes
 
     async def _read(self, mailbox: Mailbox, after_seq: int, limit: int) -> LaneRead:
         """One read; on an idle lane whose oldest group is past retention, the
@@ -238,7 +272,7 @@ class ScyllaMailboxStore(MailboxStore):
             rows = await self._cql.read("mb.entries", (*key, after_seq, limit))
             statics = rows[:1] or await self._cql.read("mb.statics", key)
             first_ms = _state(statics[0] if statics else None)[3]
-            oldest_kept = self._clock.now_ms() - self._settings.retention_ms
+            oldest_kept = self._clock.now_ms() - self.settings.retention_ms
             stale = first_ms is not None and first_ms <= oldest_kept
             if not stale or retained == STALE_RETAINS:
                 break
@@ -246,13 +280,13 @@ class ScyllaMailboxStore(MailboxStore):
         if not rows:
             return LaneRead(_state(statics[0] if statics else None)[0], ())
         state = _state(rows[0])[0]
-        entries = [_entry(mailbox.tenant, r) for r in rows]
+        entries = [entry_of(mailbox.tenant, r) for r in rows]
         last = entries[-1].seq
         end = await self._cql.read("mb.group_of", (*key, last))
         group_end = int(end[0]["seq"]) if end else last
         if group_end > last:  # complete the last group
             rest = await self._cql.read("mb.range", (*key, last, group_end))
-            entries += [_entry(mailbox.tenant, r) for r in rest]
+            entries += [entry_of(mailbox.tenant, r) for r in rest]
         return LaneRead(state, tuple(entries))
 
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
@@ -306,7 +340,7 @@ class ScyllaMailboxStore(MailboxStore):
             epoch = max(state.epoch, above) + 1
             batch: list[tuple[str, tuple[Any, ...]]] = [
                 ("mb.bump", (epoch, 0, 0, (version or 0) + 1, {}, None, *key, version)),
-                *(("mb.drop_kind", (*key, kind)) for kind in ("e", "i", "g")),
+                *(("mb.drop_kind", (*key, kind)) for kind in ("e", "i", "g", "x")),
             ]
             if await self._cql.cas_batch(batch):
                 return LaneState(epoch, 0, 0)

@@ -6,7 +6,12 @@ member set is still readable), ``member_count``. Rows of kind ``'m'`` are the
 users who ever were members, in id order, each with its version intervals
 (``service.domain.membership``: the rules live there and are only called
 here). A row of kind ``'n'`` is a sentinel that sorts after every member, so
-that admission is one point read whatever the answer (below). Seq allocation
+that admission is one point read whatever the answer (below). For listings, a
+change also keeps ``'c'`` rows (the members now, by id) and ``'l'`` rows (the
+users who left, named by their zero-padded last removal version, the user in
+``cmid``), behind a marker row ``('l', '~')`` that conversations created by
+this release have: a listing of v reads the members now and the users who
+left after v, never those who left before (``members_at``). Seq allocation
 shares the partition (``sequence.py``).
 
 A change is one conditional batch: ``version = v + 1`` (and the new count)
@@ -56,6 +61,9 @@ from service.domain.model import Admission, MembershipInfo, MembersSlice
 from service.domain.ports import Clock, MembershipStore
 
 _WHERE = "WHERE tenant = ? AND conversation = ?"
+MARKER = "~"
+"""The name of the row that says the split listing rows are kept: it sorts after
+every removal version (zero-padded digits) among the ``'l'`` rows."""
 _STATICS = "version, floor_version, member_count, last_seq"
 
 STATEMENTS = {
@@ -76,14 +84,35 @@ STATEMENTS = {
     " AND kind = 'm' AND name = ? AND cmid = ''",
     "mem.sentinel": "INSERT INTO {ks}.conversations (tenant, conversation, kind, name, cmid)"
     " VALUES (?, ?, 'n', '', '')",
+    # the split listing: the members now ('c') and the users who left, by version ('l')
+    "mem.marker": "INSERT INTO {ks}.conversations (tenant, conversation, kind, name, cmid)"
+    f" VALUES (?, ?, 'l', '{MARKER}', '')",
+    "mem.indexed": f"SELECT kind, name, {_STATICS} FROM {{ks}}.conversations {_WHERE}"
+    f" AND (kind, name, cmid) >= ('l', '{MARKER}', '') LIMIT 1",
+    "mem.current": f"SELECT name, intervals, {_STATICS} FROM {{ks}}.conversations {_WHERE}"
+    " AND kind = 'c' AND name > ? LIMIT ?",
+    "mem.left": f"SELECT name, cmid, intervals, {_STATICS} FROM {{ks}}.conversations {_WHERE}"
+    " AND kind = 'l' AND name > ? LIMIT ?",
+    "mem.current_set": f"UPDATE {{ks}}.conversations SET intervals = ? {_WHERE}"
+    " AND kind = 'c' AND name = ? AND cmid = ''",
+    "mem.current_del": f"DELETE FROM {{ks}}.conversations {_WHERE}"
+    " AND kind = 'c' AND name = ? AND cmid = ''",
+    "mem.left_set": f"UPDATE {{ks}}.conversations SET intervals = ? {_WHERE}"
+    " AND kind = 'l' AND name = ? AND cmid = ?",
+    "mem.left_del": f"DELETE FROM {{ks}}.conversations {_WHERE}"
+    " AND kind = 'l' AND name = ? AND cmid = ?",
 }
 
-CHANGE_BATCH_BYTES = 1 << 20
-"""Rows of one conditional batch, by estimated size: far below the commit log's
-largest mutation (half a segment, 16 MiB by default) and the 16 MiB frame."""
+CHANGE_BATCH_BYTES = 2 << 20
+"""Rows of one conditional batch, by estimated size (two rows per user: its member
+row and its listing row, so as many users as the 1 MiB of one row each before):
+far below the commit log's largest mutation (half a segment, 16 MiB by default)
+and the 16 MiB frame."""
 ROW_OVERHEAD_BYTES = 48
-SCAN_BUDGET = 4
+SCAN_BUDGET = rules.LISTING_BUDGET
 """Rows examined per listed member asked for (a page of 1,000 reads at most 4,000)."""
+LISTING_TRIES = 3
+"""Split listings whose two reads saw different versions before it walks instead."""
 COUNT_PAGE = 5000
 MAX_COUNT_PAGES = 400  # 2,000,000 rows
 MAX_CAS_ATTEMPTS = 64
@@ -174,16 +203,24 @@ class ScyllaMembershipStore(MembershipStore):
         """Is ``user`` a member at the current version, and the statics: one read
         (two for a release-1 conversation without a sentinel). StoreNotFound
         without the conversation."""
+        intervals, found = await self._intervals_of(tenant, conversation, user)
+        return rules.is_member(intervals), found
+
+    async def _intervals_of(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[rules.Intervals, Statics]:
+        """``user``'s intervals (() when never a member) and the statics, in
+        ``member_now``'s reads. StoreNotFound without the conversation."""
         rows = await self._cql.read("mem.at_or_after", (tenant, conversation, user))
         found = statics_of(rows[0]) if rows else None
         if found is None:
-            return False, await self.statics(tenant, conversation)
+            return (), await self.statics(tenant, conversation)
         if self._seen is not None:
             self._seen(tenant, conversation, found.last_seq)
         row = rows[0]
         if row.get("kind") != "m" or row.get("name") != user:
-            return False, found
-        return rules.is_member(intervals_of(row, found.floor)), found
+            return (), found
+        return intervals_of(row, found.floor), found
 
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         try:
@@ -191,6 +228,15 @@ class ScyllaMembershipStore(MembershipStore):
         except StoreNotFound:
             return None
         return Admission(statics.version, member)
+
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> rules.Intervals | None:
+        try:
+            intervals, _ = await self._intervals_of(tenant, conversation, user)
+        except StoreNotFound:
+            return None
+        return intervals
 
     async def membership_info(self, tenant: str, conversation: str) -> MembershipInfo | None:
         try:
@@ -218,6 +264,47 @@ class ScyllaMembershipStore(MembershipStore):
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:
         limit = max(1, limit)
+        for _ in range(LISTING_TRIES):
+            try:
+                split = await self._split_page(tenant, conversation, version, after, limit)
+            except _Moved:
+                continue
+            if split is not None:
+                return split
+            break
+        return await self._walk(tenant, conversation, version, after, limit)
+
+    async def _split_page(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice | None:
+        """A page from the members now and the users who left after ``version``
+        (``rules.listing_page``); None when the conversation does not keep them (written
+        before this release) or more users left since than a call reads; _Moved when
+        a change landed between the two reads."""
+        budget = limit * SCAN_BUDGET
+        low = removal_name(version) if version is not None else removal_name(_LAST)
+        left = await self._cql.read("mem.left", (tenant, conversation, low, budget + 1))
+        statics = statics_of(left[-1]) if left else None
+        if statics is None or left[-1]["name"] != MARKER:
+            return None
+        at = statics.version if version is None else version
+        if not statics.floor <= at <= statics.version:
+            raise StoreInvalid("the conversation has no readable membership at this version")
+        now = await self._cql.read("mem.current", (tenant, conversation, after, budget))
+        seen = statics_of(now[0]) if now else await self.statics(tenant, conversation)
+        if seen is None or seen.version != statics.version:
+            raise _Moved
+        current = [(row["name"], intervals_of(row, statics.floor)) for row in now]
+        removed = [(row["cmid"], intervals_of(row, statics.floor)) for row in left[:-1]]
+        found, next_after = rules.listing_page(
+            at, after, limit, current, len(now) == budget, removed
+        )
+        return MembersSlice(tuple(found), at, next_after)
+
+    async def _walk(
+        self, tenant: str, conversation: str, version: int | None, after: str, limit: int
+    ) -> MembersSlice:
+        """A page from every user ever, in id order (what this release found written)."""
         budget = limit * SCAN_BUDGET
         rows = await self._cql.read("mem.page", (tenant, conversation, after, budget))
         statics = statics_of(rows[0]) if rows else None
@@ -247,8 +334,10 @@ class ScyllaMembershipStore(MembershipStore):
         batch: list[tuple[str, Params]] = [
             ("mem.create", (len(first), self._clock.now_ms(), tenant, conversation)),
             ("mem.sentinel", (tenant, conversation)),
+            ("mem.marker", (tenant, conversation)),
         ]
         batch += [("mem.set", ("1", tenant, conversation, u)) for u in first]
+        batch += [("mem.current_set", ("1", tenant, conversation, u)) for u in first]
         try:
             applied = await self._cql.cas_batch(batch)
         except StoreOutcomeUnknown:
@@ -288,7 +377,7 @@ class ScyllaMembershipStore(MembershipStore):
         self, tenant: str, conversation: str, users: list[str], *, add: bool
     ) -> MembershipInfo:
         change = rules.added if add else rules.removed
-        statics = await self.statics(tenant, conversation)
+        statics, indexed = await self._statics_indexed(tenant, conversation)
         pending, failures = users, 0
         deadline = time.monotonic() + CAS_BUDGET_S
         while True:
@@ -306,6 +395,7 @@ class ScyllaMembershipStore(MembershipStore):
             if not updates:
                 return MembershipInfo(tenant, conversation, statics.version, count)
             chunk = updates[: fitting(updates)]
+            listing = listing_rows(tenant, conversation, chunk, current, version) if indexed else []
             new_count = count + len(chunk) if add else count - len(chunk)
             batch: list[tuple[str, Params]] = [
                 ("mem.bump", (version, statics.floor, new_count, tenant, conversation,
@@ -313,6 +403,7 @@ class ScyllaMembershipStore(MembershipStore):
                 ("mem.sentinel", (tenant, conversation)),
             ]  # fmt: skip
             batch += [("mem.set", (text, tenant, conversation, user)) for user, text in chunk]
+            batch += listing
             try:
                 applied = await self._cql.cas_batch(batch)
             except StoreOutcomeUnknown:
@@ -329,7 +420,18 @@ class ScyllaMembershipStore(MembershipStore):
             if failures >= MAX_CAS_ATTEMPTS or time.monotonic() > deadline:
                 raise StoreUnavailable("scylla: membership change did not settle (contention)")
             await asyncio.sleep(backoff(failures))
-            statics = await self.statics(tenant, conversation, serial=True)
+            statics, indexed = await self._statics_indexed(tenant, conversation, serial=True)
+
+    async def _statics_indexed(
+        self, tenant: str, conversation: str, *, serial: bool = False
+    ) -> tuple[Statics, bool]:
+        """The statics, and whether the conversation keeps the split listing rows
+        (one read: the marker row, else the next row, carries the statics)."""
+        rows = await self._cql.read("mem.indexed", (tenant, conversation), serial=serial)
+        found = statics_of(rows[0]) if rows else None
+        if found is None:
+            return await self.statics(tenant, conversation, serial=serial), False
+        return found, rows[0].get("kind") == "l" and rows[0].get("name") == MARKER
 
     async def _intervals(
         self, tenant: str, conversation: str, users: Sequence[str], floor: int
@@ -341,11 +443,49 @@ class ScyllaMembershipStore(MembershipStore):
         return found
 
 
+def listing_rows(
+    tenant: str,
+    conversation: str,
+    changed: Sequence[tuple[str, str]],
+    before: dict[str, rules.Intervals],
+    version: int,
+) -> list[tuple[str, Params]]:
+    """The split listing's rows for users whose intervals become ``changed`` at
+    ``version``: a member now has a ``'c'`` row, a user who left an ``'l'`` row under
+    its last removal version."""
+    rows: list[tuple[str, Params]] = []
+    for user, text in changed:
+        earlier = before.get(user, ())
+        if rules.is_member(rules.decode(text)):
+            rows.append(("mem.current_set", (text, tenant, conversation, user)))
+            if earlier:  # re-added: no longer among those who left
+                gone = removal_name(earlier[-1])
+                rows.append(("mem.left_del", (tenant, conversation, gone, user)))
+        else:
+            rows.append(("mem.current_del", (tenant, conversation, user)))
+            gone = removal_name(version)
+            rows.append(("mem.left_set", (text, tenant, conversation, gone, user)))
+    return rows
+
+
+class _Moved(Exception):
+    """A membership change landed between a split listing's two reads."""
+
+
+_LAST = 10**20 - 1
+
+
+def removal_name(version: int) -> str:
+    """The ``name`` of a user's ``'l'`` row: its last removal version, zero-padded so
+    that text order is version order (and below ``MARKER``)."""
+    return f"{version:020d}"
+
+
 def fitting(rows: Sequence[tuple[str, str]]) -> int:
     """How many leading ``(user, intervals)`` rows fit in one batch (at least one)."""
     size = 0
-    for n, (user, text) in enumerate(rows):
-        size += len(user) + len(text) + ROW_OVERHEAD_BYTES
+    for n, (user, text) in enumerate(rows):  # its member row and its listing row
+        size += 2 * (len(user) + len(text) + ROW_OVERHEAD_BYTES)
         if n and size > CHANGE_BATCH_BYTES:
             return n
     return len(rows)

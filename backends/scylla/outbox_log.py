@@ -3,8 +3,12 @@
 ``PartitionedOutbox.publish`` writes one row to ``outbox_log`` in partition
 ``crc32(tenant:conversation) mod PARTITIONS`` (all of a conversation's entries
 in one partition), hour bucket of its position (a timeuuid), and notes the
-bucket in ``outbox_buckets`` once per process and hour. The release-1 /
-schema-2 ``outbox`` table (by day) is the partition ``scylla:legacy``.
+bucket in ``outbox_buckets`` once per process and hour. Rows have no TTL: an
+entry stays until it is delivered or dead-lettered, however long the relays
+are away; the relay removes whole hour buckets once every entry in them is
+settled and ``MC_RELAY_OUTBOX_RETENTION`` older (``backends.scylla.relay``).
+The release-1 / schema-2 ``outbox`` table (by day, its rows with the TTL
+their writers gave) is the partition ``scylla:legacy``.
 ``PartitionReader`` reads either kind in position order; the relay's leases
 are in ``backends.scylla.relay``.
 """
@@ -34,7 +38,6 @@ LEGACY = "scylla:legacy"
 STREAM = "scylla-outbox"
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
-OUTBOX_TTL_S = 7 * 86_400
 MAX_BUCKETS = 24 * 30
 _UUID_EPOCH = 0x01B21DD213814000
 _ENTRY = "position, tenant, conversation, seq, message_id, recipients, membership_version"
@@ -42,9 +45,13 @@ _ENTRY = "position, tenant, conversation, seq, message_id, recipients, membershi
 STATEMENTS = {
     "ol.add": "INSERT INTO {ks}.outbox_log (namespace, part, bucket, position, tenant,"
     " conversation, seq, message_id, recipients, membership_version)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
-    "ol.bucket": "INSERT INTO {ks}.outbox_buckets (namespace, part, bucket)"
-    " VALUES (?, ?, ?) USING TTL ?",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "ol.bucket": "INSERT INTO {ks}.outbox_buckets (namespace, part, bucket) VALUES (?, ?, ?)",
+    "ol.old_buckets": "SELECT bucket FROM {ks}.outbox_buckets"
+    " WHERE namespace = ? AND part = ? AND bucket < ? LIMIT ?",
+    "ol.drop_bucket": "DELETE FROM {ks}.outbox_log WHERE namespace = ? AND part = ? AND bucket = ?",
+    "ol.forget_bucket": "DELETE FROM {ks}.outbox_buckets"
+    " WHERE namespace = ? AND part = ? AND bucket = ?",
     "ol.buckets": "SELECT bucket FROM {ks}.outbox_buckets"
     " WHERE namespace = ? AND part = ? AND bucket >= ? LIMIT ?",
     "ol.after": f"SELECT {_ENTRY} FROM {{ks}}.outbox_log WHERE namespace = ? AND part = ?"
@@ -125,14 +132,14 @@ class PartitionedOutbox(Outbox):
         position = uuid.uuid1(node=self._node)
         number = partition_number(r.tenant, r.conversation)
         bucket = time_ms(position) // HOUR_MS
-        if (number, bucket) not in self._buckets:  # buckets are never deleted before they expire
-            await self._cql.write("ol.bucket", (self._ns, number, bucket, OUTBOX_TTL_S + 86_400))
+        if (number, bucket) not in self._buckets:  # the relay deletes a bucket a day after
+            await self._cql.write("ol.bucket", (self._ns, number, bucket))  # it is settled
             self._buckets.add((number, bucket))
         recipients = recipients_value(d)
         await self._cql.write(
             "ol.add",
             (self._ns, number, bucket, position, r.tenant, r.conversation, r.seq, r.message_id,
-             UNSET_VALUE if recipients is None else recipients, d.membership_version, OUTBOX_TTL_S),
+             UNSET_VALUE if recipients is None else recipients, d.membership_version),
         )  # fmt: skip
         if sent is not None:
             sent()

@@ -20,6 +20,11 @@ acknowledgement is checked against it, and never passes an entry not
 settled: nothing is skipped. What a relay holds between its reads (sending, settled but not yet
 acknowledged) is in its memory only: a new holder starts from ``acked_ms``
 and reconciles everything after it (mailboxes dedupe).
+
+Outbox rows have no TTL (an entry used to expire after 7 days, delivered or
+not, so a longer relay outage lost entries without a dead letter): once
+``acked_ms`` is ``MC_RELAY_OUTBOX_RETENTION`` past the end of an hour bucket,
+the holder deletes the bucket (one partition delete) and its index row.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from backends.scylla.outbox_log import (
     HOUR_MS,
     LEGACY,
     MIN_UUID,
-    OUTBOX_TTL_S,
     PARTITIONS,
     PartitionReader,
     later,
@@ -47,12 +51,19 @@ from backends.scylla.outbox_log import (
     time_ms,
 )
 from backends.scylla.session import CqlSession, Row
-from service.domain.delivery import OutboxPartitions
+from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions
 from service.domain.errors import IllegalTransition, LeaseLost, StoreCorrupt, StoreInvalid
 from service.domain.ports import Clock
 from service.domain.relay import DeadLetter, Lease, PartitionEntry, Settlement
 
 SWEEP_EVERY_MS = 1000
+PRUNE_BUCKETS = 24
+"""Most settled hour buckets one settle deletes; the rest go at the next ones."""
+DEAD_LETTER_TTL_MARGIN_S = 86_400
+"""A dead letter's row TTL is the retention plus this: the relay drops (and
+counts) it at the retention; the TTL only removes those no relay trimmed."""
+TRIM_PAGE = 10_000
+"""Most dead letters one trim drops (the rest go at the next)."""
 
 STATEMENTS = {
     "rl.get": "SELECT owner, fence_token, expires_at_ms, acked_ms, retries FROM {ks}.relay_leases"
@@ -69,7 +80,7 @@ STATEMENTS = {
     " WHERE namespace = ? AND part = ? IF fence_token = ?",
     "dl.add": "INSERT INTO {ks}.relay_dead_letters (namespace, part, letter, position,"
     " tenant, conversation, seq, message_id, recipients, membership_version, problem, attempts)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
     "dl.list": "SELECT letter, position, tenant, conversation, seq, message_id, recipients,"
     " membership_version, problem, attempts FROM {ks}.relay_dead_letters"
     " WHERE namespace = ? AND part = ? AND letter > ? LIMIT ?",
@@ -78,6 +89,12 @@ STATEMENTS = {
     " WHERE namespace = ? AND part = ? AND letter = ?",
     "dl.drop": "DELETE FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
     " AND letter = ?",
+    "dl.old": "SELECT letter FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
+    " AND letter <= ? LIMIT ?",
+    "dl.trim": "DELETE FROM {ks}.relay_dead_letters WHERE namespace = ? AND part = ?"
+    " AND letter <= ?",
+    "dl.count": "SELECT COUNT(*) AS held FROM {ks}.relay_dead_letters"
+    " WHERE namespace = ? AND part = ?",
     "rm.add": "INSERT INTO {ks}.relay_members (namespace, owner) VALUES (?, ?) USING TTL ?",
     "rm.count": "SELECT owner FROM {ks}.relay_members WHERE namespace = ? LIMIT 10000",
 }
@@ -125,13 +142,25 @@ class _Held:
     covered_ms: int = 0
     """Every entry positioned at or before it was read by a sweep (or a claim)."""
     reconciled: bool = False
+    pruned: int = 0
+    """Every hour bucket below it was deleted (settled and past retention)."""
 
 
 class ScyllaOutboxPartitions(OutboxPartitions):
     def __init__(
-        self, cql: CqlSession, namespace: str, clock: Clock, *, settle_window_ms: int
+        self,
+        cql: CqlSession,
+        namespace: str,
+        clock: Clock,
+        *,
+        settle_window_ms: int,
+        outbox_retention_ms: int = 86_400_000,
+        dead_letter_retention_ms: int = DeliverySettings().dead_letter_retention_ms,
     ) -> None:
         self._cql = cql
+        self._retention_ms = outbox_retention_ms
+        self._dead_retention_ms = dead_letter_retention_ms
+        self._dead_ttl_s = dead_letter_retention_ms // 1000 + DEAD_LETTER_TTL_MARGIN_S
         self._ns = f"ns:{namespace}"
         self._clock = clock
         self._settle_ms = settle_window_ms
@@ -302,7 +331,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
                 (self._ns, lease.partition, letter, parsed[e.publication.position],
                  e.tenant, e.conversation, e.seq, e.message_id,
                  UNSET_VALUE if e.recipients is None else list(e.recipients),
-                 e.membership_version, d.problem, d.attempts),
+                 e.membership_version, d.problem, d.attempts, self._dead_ttl_s),
             )  # fmt: skip
             letters.append(letter)
         acked = self._ack_point(held, done)
@@ -328,6 +357,21 @@ class ScyllaOutboxPartitions(OutboxPartitions):
                 held.retries.pop(u, None)
             held.settled.forget_through(acked)
             held.acked_ms = acked
+            await self._prune(held, lease.partition)
+
+    async def _prune(self, held: _Held, partition: str) -> None:
+        """Delete the hour buckets that end ``MC_RELAY_OUTBOX_RETENTION`` before
+        ``acked_ms``: every entry in them is settled (delivered or dead-lettered)."""
+        below = (held.acked_ms - self._retention_ms) // HOUR_MS
+        if partition == LEGACY or below <= held.pruned:
+            return
+        number = int(partition.removeprefix("scylla:"))
+        rows = await self._cql.read("ol.old_buckets", (self._ns, number, below, PRUNE_BUCKETS))
+        for row in rows:
+            await self._cql.write("ol.drop_bucket", (self._ns, number, int(row["bucket"])))
+            await self._cql.write("ol.forget_bucket", (self._ns, number, int(row["bucket"])))
+        if len(rows) < PRUNE_BUCKETS:
+            held.pruned = below
 
     def _ack_point(self, held: _Held, done: set[uuid.UUID]) -> int:
         """How far ``acked_ms`` may move once ``done`` is settled."""
@@ -372,16 +416,25 @@ class ScyllaOutboxPartitions(OutboxPartitions):
             position = uuid.uuid1()
             number = partition_number(e.tenant, e.conversation)
             bucket = time_ms(position) // HOUR_MS
-            await self._cql.write("ol.bucket", (self._ns, number, bucket, OUTBOX_TTL_S + 86_400))
+            await self._cql.write("ol.bucket", (self._ns, number, bucket))
             await self._cql.write(
                 "ol.add",
                 (self._ns, number, bucket, position, e.tenant, e.conversation, e.seq,
                  e.message_id, UNSET_VALUE if e.recipients is None else list(e.recipients),
-                 e.membership_version, OUTBOX_TTL_S),
+                 e.membership_version),
             )  # fmt: skip
             await self._cql.write("dl.drop", (self._ns, partition, letter))
             moved += 1
         return moved
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        await self._fence(lease)
+        cutoff = max_uuid_at(self._clock.now_ms() - self._dead_retention_ms - 1)
+        old = await self._cql.read("dl.old", (self._ns, lease.partition, cutoff, TRIM_PAGE))
+        if old:  # up to the last one read: a count of exactly what goes
+            await self._cql.write("dl.trim", (self._ns, lease.partition, old[-1]["letter"]))
+        rows = await self._cql.read("dl.count", (self._ns, lease.partition))
+        return DeadLetterTrim(len(old), int(rows[0]["held"]) if rows else 0)
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         await self._cql.write("rm.add", (self._ns, owner, max(1, ttl_ms // 1000)))

@@ -57,7 +57,7 @@ from backends.scylla import delivery_schema
 from service.domain.errors import StoreInvalid
 
 SCHEMA_SCOPE = "message_committer"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HISTORY_BUCKET = 1000
 """Sequence numbers per history partition: bounded partitions, few reads per page."""
 
@@ -182,6 +182,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(3, delivery_schema.DESCRIPTION, delivery_schema.TABLES),
+    Migration(
+        4,
+        "mailbox entries carry their membership version",
+        (),
+        (Column("mailboxes", "membership_version", "bigint"),),
+    ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION
 

@@ -7,15 +7,23 @@ conditional). An allocation is one conditional batch on that partition::
 
     UPDATE ... SET last_seq = n + k IF last_seq = n          -- the counter
     UPDATE ... USING TTL t SET seq = n + i                    -- key i's reservation,
-        WHERE kind = 'r' AND name = sender AND cmid = cmid    -- for i = 1..k
+        WHERE kind = 'r' AND name = sender AND cmid = claim  -- for i = 1..k
         IF seq = <expected_i>
 
-so the seqs and "this key holds it" are decided together: a concurrent
-duplicate of the same key finds the reservation and reuses its seq instead
-of taking another, and a reserve that crashed before its intent was written
-gets the same seq back on retry. The reservation only has to outlive the
-window in which the intent row is being written; its TTL is never longer
+so the seqs and "this request holds it" are decided together: a concurrent
+duplicate of the same request finds the reservation and reuses its seq
+instead of taking another, and a reserve that crashed before its intent was
+written gets the same seq back on retry. The reservation only has to outlive
+the window in which the intent row is being written; its TTL is never longer
 than a committed intent's.
+
+A reservation belongs to one *request*, not to its key: its ``claim`` is the
+cmid plus a part of the request's identity digest (``claim``). Another request
+of the same key (other content) gets a seq of its own, above every seq given
+since, and the died request's seq stays a gap (DESIGN §2: strictly increasing
+in reservation order). Before, it took the died request's seq: the commit
+nemesis's porcupine checker saw a key's first ACK carry seq 90 after seqs
+91-100 had been ACKed (docs/performance-history.md).
 
 **Group commit.** Allocations of one conversation in one replica queue behind
 one lock (a replica never races itself through the LWT); whoever takes the
@@ -54,12 +62,21 @@ STATEMENTS = {
     " WHERE tenant = ? AND conversation = ? AND kind = 'r' AND name = ? AND cmid = ? IF seq = ?",
 }
 
+CLAIM_DIGEST_BYTES = 12
+"""Bytes of the identity digest a claim carries: two requests of one key collide
+with odds of 2^-96."""
 MAX_CAS_ATTEMPTS = 64
 CAS_BUDGET_S = 10.0
 RESERVATION_TTL_S = 3600
 MAX_GROUP = 64
 HINTS = 100_000
 Conv = tuple[str, str]
+
+
+def claim(cmid: str, identity_digest: bytes) -> str:
+    """The reservation name of one request of key ``cmid``: ``#`` cannot appear in a
+    cmid (``service.domain.ids``), so no claim is another key's."""
+    return f"{cmid}#{identity_digest[-CLAIM_DIGEST_BYTES:].hex()}"
 
 
 @dataclass(eq=False)
@@ -101,9 +118,11 @@ class SeqAllocator:
     async def allocate(
         self, tenant: str, conversation: str, sender: str, cmid: str, stale_seq: int | None
     ) -> int:
-        """The seq this key holds in ``conversation``: its live reservation's, or a
-        new one. ``stale_seq`` is the seq of this key's expired committed intent,
-        whose reservation must not be reused. StoreNotFound without a conversation."""
+        """The seq this request holds in ``conversation``: its live reservation's, or
+        a new one. ``cmid`` is the reservation's claim (``claim``: the key's cmid and
+        the request's identity). ``stale_seq`` is the seq of this key's expired
+        committed intent, whose reservation must not be reused. StoreNotFound
+        without a conversation."""
         conv = (tenant, conversation)
         ask = _Ask(sender, cmid, stale_seq, asyncio.get_running_loop().create_future())
         async with self._queued(conv) as queue:

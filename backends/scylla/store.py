@@ -66,7 +66,7 @@ from backends.scylla.history import History, pin_removal, pin_write
 from backends.scylla.known import Known
 from backends.scylla.queue import RecoveryQueue
 from backends.scylla.recovery import Entry, RecoveryIndex
-from backends.scylla.sequence import SeqAllocator
+from backends.scylla.sequence import SeqAllocator, claim
 from backends.scylla.session import CqlSession, Params
 from service.domain.errors import (
     StoreConflict,
@@ -215,6 +215,7 @@ class ScyllaMessageStore(MessageStore):
         candidate: ReserveCandidate,
     ) -> ReserveResult:
         key = request.key
+        digest = request.reserve_identity_digest()  # names this request's seq reservation
         row = await self._first_read(key)
         for _ in range(MAX_RESERVE_ROUNDS):
             if (live := self._rows.live(row)) is not None:
@@ -225,10 +226,10 @@ class ScyllaMessageStore(MessageStore):
                 # the last probe must not re-reserve an ACKed key (issue 24 item 3).
                 await self._clock_guard()
             seq = await self._sequence.allocate(
-                key.tenant, request.conversation, key.sender, key.cmid,
+                key.tenant, request.conversation, key.sender, claim(key.cmid, digest),
                 stale.get("seq") if stale else None,
             )  # fmt: skip
-            identity = request.stored_identity(self._whole_identity)
+            identity = request.canonical_identity() if self._whole_identity else digest
             intent = new_intent(request, identity, delivery, candidate, seq, self._clock.now_ms())
             indexed = self._indexed(intent)
             await self._cql.write_batch(indexed)

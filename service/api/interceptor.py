@@ -60,7 +60,7 @@ class StatusInterceptor(aio.ServerInterceptor):
     ) -> None:
         self._metrics = metrics
         self._max_request_bytes = max_request_bytes
-        self.limits = limits or RpcLimits(max_unary=0)
+        self.limits = limits or RpcLimits()
         # method -> (the servicer's handler, our wrapped one): grpc hands back the
         # same registered handler for a method, so it is wrapped once, not per call.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}

@@ -3,8 +3,9 @@
 gRPC's own ``maximum_concurrent_rpcs`` counts a stream for its whole life, so
 as many idle Subscribe streams as the limit made Commit and Sync answer
 RESOURCE_EXHAUSTED. Here unary RPCs have ``MC_MAX_CONCURRENT_RPCS`` slots;
-server streams have ``MAX_STREAMS`` of their own, and at most
-``MAX_STREAMS_PER_USER`` per (tenant, user) when the request names one (Subscribe).
+server streams have ``MC_MAX_STREAMS`` of their own, and at most
+``MC_MAX_STREAMS_PER_USER`` per (tenant, user) when the request names one
+(Subscribe). The defaults live in ``service/config.py``.
 The interceptor takes a slot before the handler runs and gives it back when
 the RPC ends, whatever the outcome.
 """
@@ -14,22 +15,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-MAX_STREAMS = 20_000
-"""Server streams one replica serves at once (an idle Subscribe costs about 28 KiB
-of server memory, measured by ``bench-delivery --idle-streams``; docs/delivery.md,
-"Subscribe")."""
-MAX_STREAMS_PER_USER = 16
-"""Server streams one (tenant, user) may hold at once on one replica."""
-
 
 @dataclass
 class RpcLimits:
-    """In-flight counters; a ``take_*`` that answers a refusal took nothing."""
+    """In-flight counters; a ``take_*`` that answers a refusal took nothing.
+    The limits come from ``ServiceConfig`` (``max_concurrent_rpcs``, ``max_streams``,
+    ``max_streams_per_user``)."""
 
-    max_unary: int = 1000
-    """0: no limit."""
-    max_streams: int = MAX_STREAMS
-    max_streams_per_user: int = MAX_STREAMS_PER_USER
+    max_unary: int = 0
+    """0 (here and below): no limit."""
+    max_streams: int = 0
+    max_streams_per_user: int = 0
     unary: int = 0
     streams: int = 0
     per_user: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -46,9 +42,10 @@ class RpcLimits:
 
     def take_stream(self, owner: tuple[str, str] | None) -> str | None:
         """None when a slot was taken (and one of ``owner``'s), else why not."""
-        if self.streams >= self.max_streams:
+        if self.max_streams and self.streams >= self.max_streams:
             return f"more than {self.max_streams} streams on this replica; retry later"
-        if owner is not None and self.per_user[owner] >= self.max_streams_per_user:
+        per_user = self.max_streams_per_user
+        if owner is not None and per_user and self.per_user[owner] >= per_user:
             return f"more than {self.max_streams_per_user} streams per user on this replica"
         self.streams += 1
         if owner is not None:

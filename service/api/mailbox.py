@@ -1,10 +1,13 @@
 """The MailboxService servicer: Sync pages and Subscribe hints (DESIGN §10).
 
-Authorised like History: the gateway authenticated ``user``; the inbox is the
-user's own, and a conversation lane is readable only while the user is a
-member of the conversation (an admission point lookup). CursorExpired goes
-to the interceptor as FAILED_PRECONDITION / CURSOR_EXPIRED with the lane,
-epoch and trim watermark in its ErrorInfo.
+One reading rule for every lane (DESIGN §10): the gateway authenticated
+``user``; the inbox is the user's own (the relay wrote there only what was
+frozen for it); a conversation lane shows the user the entries committed
+while it was a member (``service.domain.mailbox.readable`` over its
+membership intervals, one point lookup), so a user who was ever a member may
+sync it, one who never was is refused (NotAMember). CursorExpired goes to the
+interceptor as FAILED_PRECONDITION / CURSOR_EXPIRED with the lane, epoch and
+trim watermark in its ErrorInfo.
 
 Subscribe reads its lanes' heads once, then is woken by the process's one
 ``LaneWatch`` (which reads every watched lane every ``poll_interval``, in
@@ -38,7 +41,14 @@ from service.domain.errors import (
     Unavailable,
 )
 from service.domain.ids import check_id
-from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxEntry, MailboxPage
+from service.domain.mailbox import (
+    LaneState,
+    Mailbox,
+    MailboxCursor,
+    MailboxEntry,
+    MailboxPage,
+    Reader,
+)
 from service.domain.ports import Clock, MembershipStore
 from service.gen.message_committer.v1 import mailbox_pb2 as pb
 from service.gen.message_committer.v1 import mailbox_pb2_grpc
@@ -82,6 +92,12 @@ def page_to_proto(page: MailboxPage) -> pb.SyncResponse:
         )
         for e in page.entries
     ]
+    if page.withheld:  # in seq order among the others: the page stays gap-free
+        events += [
+            pb.MailboxEvent(seq=seq, group_id=group, withheld=pb.Withheld())
+            for seq, group in page.withheld
+        ]
+        events.sort(key=lambda e: e.seq)
     c = page.next_cursor
     return pb.SyncResponse(
         events=events,
@@ -100,7 +116,9 @@ def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
             e.seq, e.group_id, convert.record_from_proto(e.message_added.message), e.delivered_ts_ms
         )
         for e in msg.events
+        if e.WhichOneof("event") == "message_added"
     )
+    withheld = tuple((e.seq, e.group_id) for e in msg.events if e.HasField("withheld"))
     return MailboxPage(
         lane=c.lane,
         entries=entries,
@@ -108,6 +126,7 @@ def page_from_proto(msg: pb.SyncResponse) -> MailboxPage:
         more=msg.more,
         trim_watermark=msg.trim_watermark,
         head=msg.head,
+        withheld=withheld,
     )
 
 
@@ -141,25 +160,26 @@ class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
         self._stopping = stopping
         self._watch = LaneWatch(delivery.mailbox, poll_interval_s, stopping)
 
-    async def _authorise(self, tenant: str, user: str, lane: str) -> Mailbox:
+    async def _authorise(self, tenant: str, user: str, lane: str) -> tuple[Mailbox, Reader]:
+        """The lane's mailbox and who ``user`` is to it (``lanes.readable``)."""
         conversation = lanes.parse_lane(lane)
         if conversation is None:
-            return Mailbox.inbox(tenant, user)
+            return Mailbox.inbox(tenant, user), None
         with store_errors():
-            admission = await self._membership.admission(tenant, conversation, user)
-        if admission is None:
+            intervals = await self._membership.member_intervals(tenant, conversation, user)
+        if intervals is None:
             raise ConversationNotFound("conversation not found")
-        if not admission.member:
-            raise NotAMember("the user is not a member of the conversation of this lane")
-        return Mailbox.conversation(tenant, conversation)
+        if not intervals:
+            raise NotAMember("the user was never a member of the conversation of this lane")
+        return Mailbox.conversation(tenant, conversation), intervals
 
     async def Sync(self, request: pb.SyncRequest, context: Context) -> pb.SyncResponse:
         tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
         cursor = cursor_from_proto(request)
         limit, max_bytes = lanes.sync_limits(request.limit, request.max_bytes)
-        mailbox = await self._authorise(tenant, user, cursor.lane)
+        mailbox, reader = await self._authorise(tenant, user, cursor.lane)
         with store_errors():
-            page = await self._delivery.mailbox.sync(mailbox, cursor, limit, max_bytes)
+            page = await self._delivery.mailbox.sync(mailbox, cursor, limit, max_bytes, reader)
         return page_to_proto(page)
 
     async def Subscribe(
@@ -205,7 +225,9 @@ class MailboxServicer(mailbox_pb2_grpc.MailboxServiceServicer):
             self._watch.unwatch(mailboxes, wake)
 
     async def _big_lanes(self, tenant: str, user: str) -> list[Mailbox]:
-        """The lanes of the big conversations ``user`` is a member of now."""
+        """The lanes of the big conversations ``user`` is a member of now. A removed
+        member may still sync the entries of its time in the lane, but nothing new
+        there is for it, so its lane is not watched."""
         candidates: list[Mailbox] = []
         after = ""
         with store_errors():

@@ -20,6 +20,7 @@ from service.domain.mailbox import (
     MailboxCursor,
     MailboxItem,
     MailboxPage,
+    Reader,
     build_page,
 )
 from service.domain.model import MessageRecord
@@ -34,10 +35,21 @@ class MailboxSettings:
     """Entries appended longer ago than this are trimmed (the watermark moves)."""
     max_entries: int = 10_000
     """A lane keeps at most this many entries; older groups are trimmed."""
+    dedupe_window_ms: int = 86_400_000
+    """How long a lane remembers the message id of an entry trimmed by count (or
+    by hand) after its group was appended, so a redelivery is still deduped;
+    the relay and requeue refuse messages older than the window
+    (``service.domain.mailbox.dedupe_cut``, ``too_old_to_deliver``)."""
+
+    @property
+    def dedupe_ms(self) -> int:
+        """The window in force: never longer than retention (an age trim forgets
+        the ids of what it trims)."""
+        return min(self.dedupe_window_ms, self.retention_ms)
 
     def validate(self) -> MailboxSettings:
-        if self.retention_ms <= 0 or self.max_entries <= 0:
-            raise ValueError("mailbox retention and size must be positive")
+        if self.retention_ms <= 0 or self.max_entries <= 0 or self.dedupe_window_ms <= 0:
+            raise ValueError("mailbox retention, size and dedupe window must be positive")
         return self
 
 
@@ -47,10 +59,24 @@ class DeliverySettings:
 
     mailbox: MailboxSettings = MailboxSettings()
     outbox_retention_ms: int = 86_400_000
-    """Delivered outbox entries are kept this long, then trimmed (Redis streams)."""
+    """Delivered outbox entries are kept this long, then trimmed (Redis streams;
+    Scylla hour buckets, once every entry in them is settled)."""
     settle_window_ms: int = 10_000
     """Scylla: entries younger than this are delivered but not yet acknowledged
     (a writer with a slower clock may still add one before them)."""
+    dead_letter_retention_ms: int = 30 * 86_400_000
+    """Dead letters older than this are dropped by the relay, counted and logged
+    (``OutboxPartitions.trim_dead_letters``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterTrim:
+    """What one trim of a partition's dead letters did."""
+
+    dropped: int
+    """Letters older than the retention that this trim deleted."""
+    held: int
+    """Letters the partition still holds after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +120,18 @@ class AppendNotReplicated(StoreNotReplicated):
 class MailboxStore(abc.ABC):
     """Per-mailbox lanes with gap-free seqs, dedupe by message id and fencing."""
 
+    settings: MailboxSettings
+    """Retention and the dedupe window the store trims by (the relay refuses what
+    the window no longer covers)."""
+
     @abc.abstractmethod
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
         """Each request in one atomic step of its mailbox: refuse it (``fenced``)
         when the mailbox has seen a newer token of ``fence.partition``, or
         (``moved_back``) when the lane's (epoch, head) is below the request's
         ``floor`` (``service.domain.lane_marks.moved_back``); else record the
-        token, leave out the items whose message id the lane holds,
+        token, leave out the items whose message id the lane holds or still
+        remembers (trimmed within the dedupe window: ``mailbox.dedupe_cut``),
         give the others the next seqs as one group, and trim by retention.
         Requests are independent: an error may leave some applied."""
 
@@ -109,11 +140,17 @@ class MailboxStore(abc.ABC):
         """The lane's state and its entries after ``after_seq`` (see LaneRead), atomically."""
 
     async def sync(
-        self, mailbox: Mailbox, cursor: MailboxCursor, limit: int, max_bytes: int
+        self,
+        mailbox: Mailbox,
+        cursor: MailboxCursor,
+        limit: int,
+        max_bytes: int,
+        reader: Reader = None,
     ) -> MailboxPage:
-        """One page after ``cursor`` (CursorExpired when it cannot continue)."""
+        """One page after ``cursor`` as ``reader`` sees it (``build_page``;
+        CursorExpired when it cannot continue)."""
         read = await self._read(mailbox, cursor.seq, limit)
-        return build_page(mailbox.lane, cursor, read, limit, max_bytes)
+        return build_page(mailbox.lane, cursor, read, limit, max_bytes, reader)
 
     @abc.abstractmethod
     async def lane_state(self, mailboxes: Sequence[Mailbox]) -> list[LaneState]:
@@ -123,7 +160,8 @@ class MailboxStore(abc.ABC):
     async def contains(
         self, queries: Sequence[tuple[Mailbox, tuple[str, ...]]]
     ) -> list[frozenset[str]]:
-        """For each (mailbox, message ids): the ids its lane holds now."""
+        """For each (mailbox, message ids): the ids its lane holds or remembers now
+        (an entry trimmed within the dedupe window was delivered)."""
 
     @abc.abstractmethod
     async def trim(self, mailbox: Mailbox, through_seq: int) -> LaneState:
@@ -189,6 +227,11 @@ class OutboxPartitions(abc.ABC):
         """Move the named dead letters back into the partition as new pending
         entries (an operator action; mailboxes dedupe what was delivered
         already). Returns how many were moved."""
+
+    @abc.abstractmethod
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        """Drop the partition's dead letters older than the dead-letter retention
+        (LeaseLost unless the lease is the latest); what was dropped and what is held."""
 
     @abc.abstractmethod
     async def relays(self, owner: str, ttl_ms: int) -> int:
@@ -259,6 +302,7 @@ __all__ = [
     "AppendOutcome",
     "AppendRequest",
     "ConversationIndex",
+    "DeadLetterTrim",
     "DeliveryPorts",
     "DeliverySettings",
     "HistoryRecords",

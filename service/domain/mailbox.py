@@ -21,6 +21,12 @@ epoch and ``trim_watermark <= seq <= head``. Otherwise Sync answers
 from ``(lane, epoch, trim_watermark)``. Epoch 0 with seq 0 means "from the
 start of whatever epoch the lane is in".
 
+Every entry carries the membership version its message was frozen at (the
+outbox entry's). A big conversation's lane is shared by its members, so a
+Sync of it shows a reader only the entries ``readable`` by its membership
+intervals: what was committed while it was a member, the rule an inbox
+follows by construction (DESIGN §10, "One reading rule for every lane").
+
 Pure rules only; backends store and read (``service.domain.delivery``).
 """
 
@@ -30,6 +36,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from service.domain import membership
 from service.domain.errors import CursorExpired, InvalidRequest
 from service.domain.ids import check_id
 from service.domain.model import MessageRecord
@@ -55,6 +62,11 @@ MAX_SYNC_LIMIT = 1000
 DEFAULT_SYNC_BYTES = 1 << 20
 MIN_SYNC_BYTES = 1024
 MAX_SYNC_BYTES = 4 << 20
+UNKNOWN_VERSION = 0
+"""The membership version of an entry that does not know its own: written before
+entries carried one, or for a release-1 outbox entry (recipients inline, no
+version). Such an entry is ``readable`` by the conversation's members now, the
+rule every conversation lane followed before."""
 
 
 class OwnerKind(enum.StrEnum):
@@ -129,9 +141,11 @@ class MailboxCursor:
 
 @dataclass(frozen=True, slots=True)
 class MailboxItem:
-    """What the relay appends: one committed message (deduped by its id)."""
+    """What the relay appends: one committed message (deduped by its id) and the
+    membership version its delivery was frozen at (``UNKNOWN_VERSION``: none)."""
 
     record: MessageRecord
+    membership_version: int = UNKNOWN_VERSION
 
     @property
     def message_id(self) -> str:
@@ -152,6 +166,8 @@ class MailboxEntry:
     appended_ms: int
     """When the relay appended it (the backend's clock): commit-to-mailbox
     latency is ``appended_ms - record.server_ts_ms``."""
+    membership_version: int = UNKNOWN_VERSION
+    """The membership version its message was frozen at (``readable``)."""
 
     def size_bytes(self) -> int:
         return ENTRY_OVERHEAD_BYTES + self.record.size_bytes()
@@ -190,6 +206,9 @@ class MailboxPage:
     more: bool
     trim_watermark: int
     head: int
+    withheld: tuple[tuple[int, int], ...] = ()
+    """(seq, group id) of the entries the reader may not read (``readable``): sent
+    as ``withheld`` events in their place, so the page stays gap-free."""
 
 
 def check_cursor(lane: str, cursor: MailboxCursor, state: LaneState) -> int:
@@ -236,27 +255,60 @@ def groups(entries: Iterable[MailboxEntry]) -> list[list[MailboxEntry]]:
     return result
 
 
+Reader = Sequence[int] | None
+"""Who reads a lane: its membership intervals in the lane's conversation
+(``service.domain.membership``), or None for the owner of an inbox (its own)."""
+
+
+def readable(reader: Reader, membership_version: int) -> bool:
+    """Whether ``reader`` sees an entry frozen at ``membership_version``: the one
+    reading rule of every lane. An inbox's owner sees all of it (the relay wrote
+    there only what was frozen for it); a conversation lane's reader, the
+    entries of the versions it was a member at (joins, leaves, rejoins); an
+    entry of ``UNKNOWN_VERSION``, while it is a member now."""
+    if reader is None:
+        return True
+    if membership_version == UNKNOWN_VERSION:
+        return membership.is_member(reader)
+    return membership.member_at(reader, membership_version)
+
+
 def build_page(
-    lane: str, cursor: MailboxCursor, read: LaneRead, limit: int, max_bytes: int
+    lane: str,
+    cursor: MailboxCursor,
+    read: LaneRead,
+    limit: int,
+    max_bytes: int,
+    reader: Reader = None,
 ) -> MailboxPage:
-    """The page for ``cursor`` from what the backend read.
+    """The page for ``cursor`` from what the backend read, as ``reader`` sees it.
 
     Whole groups only, while both the count and the byte budget (``max_bytes``,
     at most ``MAX_PAGE_BYTES``) allow; at least one group when there is one, even
     if it alone is over either (``split_group`` keeps a group within
-    ``MAX_GROUP_BYTES``, or one entry).
+    ``MAX_GROUP_BYTES``, or one entry). A group's entries the reader may not
+    see (``readable``) are *withheld*: the page names their seqs and carries
+    nothing of them, so the lane stays gap-free for the client (which checks
+    it), they cost no bytes, and each counts as one event against ``limit``.
     """
     after = check_cursor(lane, cursor, read.state)
     max_bytes = min(max_bytes, MAX_PAGE_BYTES)
     taken: list[MailboxEntry] = []
+    withheld: list[tuple[int, int]] = []
     used = 0
+    last = after
     for group in groups(e for e in read.entries if e.seq > after):
-        size = sum(e.size_bytes() for e in group)
-        if taken and (len(taken) + len(group) > limit or used + size > max_bytes):
+        shown = [e for e in group if readable(reader, e.membership_version)]
+        size = sum(e.size_bytes() for e in shown)
+        events = len(taken) + len(withheld)
+        if events and (events + len(group) > limit or used + size > max_bytes):
             break
-        taken += group
+        taken += shown
+        if len(shown) < len(group):
+            shown_seqs = {e.seq for e in shown}
+            withheld += [(e.seq, e.group_id) for e in group if e.seq not in shown_seqs]
         used += size
-    last = taken[-1].seq if taken else after
+        last = group[-1].seq
     return MailboxPage(
         lane=lane,
         entries=tuple(taken),
@@ -264,6 +316,7 @@ def build_page(
         more=last < read.state.head,
         trim_watermark=read.state.watermark,
         head=read.state.head,
+        withheld=tuple(withheld),
     )
 
 
@@ -314,3 +367,50 @@ def trim_cut(
             break
         cut = end
     return cut
+
+
+def dedupe_cut(
+    dedupe_mark: int,
+    watermark: int,
+    group_ends: Sequence[tuple[int, int]],
+    *,
+    now_ms: int,
+    window_ms: int,
+) -> int:
+    """The new dedupe mark (>= ``dedupe_mark``): the highest seq whose message id
+    the lane forgets.
+
+    A lane remembers the message id of every entry it holds and, after a trim
+    (by count or by hand), of every trimmed entry whose group was appended less
+    than ``window_ms`` ago: a redelivery within the window is still deduped
+    (``too_old_to_deliver`` refuses the rest). ``group_ends`` are (last seq,
+    appended ms) of the groups above ``dedupe_mark``, in seq order; the ids of
+    whole groups at or below ``watermark`` appended at or before ``now -
+    window`` go, oldest first.
+    """
+    cut = dedupe_mark
+    for end, appended in group_ends:
+        if end > watermark or appended > now_ms - window_ms:
+            break
+        cut = end
+    return cut
+
+
+MAX_REFUSAL_MARGIN_MS = 3_600_000
+"""At most this much of the dedupe window is kept as the margin of
+``too_old_to_deliver`` (a tenth of it when that is less)."""
+
+
+def refusal_margin_ms(window_ms: int) -> int:
+    """What ``too_old_to_deliver`` keeps back from the window: it covers the time
+    between the relay's check and the append, and the skew between the clocks
+    that stamp a record (commit) and a group (append) and that trim."""
+    return min(MAX_REFUSAL_MARGIN_MS, window_ms // 10)
+
+
+def too_old_to_deliver(server_ts_ms: int, *, now_ms: int, window_ms: int) -> bool:
+    """True when a message committed at ``server_ts_ms`` must not be appended any
+    more: a lane may have held it and forgotten its id (``dedupe_cut``), so an
+    append could add it twice. A message younger than ``window - margin`` was
+    appended (if ever) at or after its commit, so its id is still remembered."""
+    return now_ms - server_ts_ms >= window_ms - refusal_margin_ms(window_ms)

@@ -76,6 +76,44 @@ def decode(text: str) -> Intervals:
     return values
 
 
+# --- one page of a version's members -----------------------------------------------
+
+LISTING_BUDGET = 4
+"""Current members a backend reads per member asked for in one call."""
+
+Listed = tuple[str, Sequence[int]]
+"""A user and its intervals, as a listing reads them."""
+
+
+def listing_page(
+    version: int,
+    after: str,
+    limit: int,
+    current: Sequence[Listed],
+    current_full: bool,
+    removed: Sequence[Listed],
+) -> tuple[list[str], str]:
+    """The members at ``version`` after ``after``, in id order, at most ``limit``, and
+    the ``next_after`` to go on from ("" at the end): every backend's one rule.
+
+    A backend keeps the current members in id order and the users who are members no
+    more by the version they were last removed at. A member at ``version`` is either
+    a member now or was last removed after ``version``, so a listing reads ``current``
+    (the current members after ``after``, in id order; ``current_full`` when more may
+    follow its last) and ``removed`` (every user last removed after ``version``, any
+    order): O(members at the version + users changed since), never the users who left
+    before it. Users in ``removed`` past the last of a full ``current`` wait for the
+    next call. Both are read in one atomic step (one script, one partition read)."""
+    high = current[-1][0] if current_full and current else None
+    candidates = [*current]
+    candidates += [(u, iv) for u, iv in removed if u > after and (high is None or u <= high)]
+    candidates.sort(key=lambda listed: listed[0])
+    found = [user for user, intervals in candidates if member_at(intervals, version)]
+    if len(found) > limit:
+        return found[:limit], found[limit - 1]
+    return found, high or ""
+
+
 # --- the page token of ListMembers --------------------------------------------------
 
 _TOKEN_VERSION = b"m1"

@@ -351,6 +351,14 @@ class MembershipStore(abc.ABC):
         the conversation does not exist."""
 
     @abc.abstractmethod
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[int, ...] | None:
+        """The versions ``user`` was a member at, as intervals
+        (``service.domain.membership``; () when it never was), a point lookup like
+        ``admission``. None when the conversation does not exist."""
+
+    @abc.abstractmethod
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
     ) -> MembersSlice:

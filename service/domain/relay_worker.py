@@ -23,7 +23,9 @@ charges its entries and pauses the partition until the first retry, and so
 does a record history does not show (yet: a lagging replica). An entry that
 can never be delivered (its conversation or membership version is gone,
 history holds another message at its seq, its data is corrupt), or failed
-``max_attempts`` times, is dead-lettered. A fenced write or a lost lease
+``max_attempts`` times, is dead-lettered, and so is one whose message is older
+than the mailbox dedupe window (``TOO_OLD``: a lane may have held it and forgotten
+its id, so it is never appended again). A fenced write or a lost lease
 ends the work at once: another relay holds the partition now. Everything
 here is stdlib-only; the runner (``service.relay``) owns the timing, the
 leases and the tasks.
@@ -31,6 +33,7 @@ leases and the tasks.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +51,14 @@ from service.domain.errors import (
 )
 from service.domain.faults import FaultPoints, RelayPoint
 from service.domain.lane_marks import LaneMark, LaneMarks
-from service.domain.mailbox import Mailbox, MailboxItem, split_group
+from service.domain.mailbox import (
+    UNKNOWN_VERSION,
+    Mailbox,
+    MailboxItem,
+    OwnerKind,
+    split_group,
+    too_old_to_deliver,
+)
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
 from service.domain.relay import (
@@ -77,6 +87,8 @@ class RelayObserver(LaneObserver, Protocol):
     def on_retried(self, entries: int) -> None: ...
     def on_dead_lettered(self, entries: int) -> None: ...
     def on_reconciled(self, result: Verdict, entries: int) -> None: ...
+    def on_too_old(self, entries: int) -> None:
+        """``entries`` were refused (dead-lettered) as older than the dedupe window."""
 
 
 class NoObserver:
@@ -92,8 +104,18 @@ class NoObserver:
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         pass
 
+    def on_too_old(self, entries: int) -> None:
+        pass
+
     def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
         pass
+
+
+TOO_OLD = (
+    "older than the mailbox dedupe window: a mailbox may have held it and forgotten its id,"
+    " so it is not appended again (it is in history)"
+)
+"""The problem of an entry refused by ``too_old_to_deliver``."""
 
 
 class Undeliverable(Exception):
@@ -107,6 +129,14 @@ class Plan:
     held: PartitionEntry
     record: MessageRecord
     mailboxes: tuple[Mailbox, ...]
+
+    @property
+    def lane_version(self) -> int:
+        """The membership version its mailbox entries carry (``mailbox.readable``):
+        the version its delivery was frozen at; a release-1 entry's recipients were
+        frozen inline, not as a version, so ``UNKNOWN_VERSION``."""
+        entry = self.held.entry
+        return UNKNOWN_VERSION if entry.recipients is not None else entry.membership_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +248,7 @@ class PartitionWork:
             if reconcile:
                 plans, blind = await self._reconcile(plans)
                 failed += blind
+            plans = self._refuse_too_old(plans, dead)
             pause = bool(failed)
             back: list[tuple[Plan, int]] = []
             if hold:
@@ -344,11 +375,30 @@ class PartitionWork:
                     failed.append((h, type(exc).__name__))
         return plans, dead, failed
 
+    def _refuse_too_old(self, plans: list[Plan], dead: list[DeadLetter]) -> list[Plan]:
+        """The plans still to write; those whose message the dedupe window no longer
+        covers go to ``dead`` instead (a lane may have forgotten its id: an append
+        could add it twice). Checked just before the write, so an entry every
+        target already holds (reconciled as accepted) is confirmed, not refused."""
+        window = self._ports.mailbox.settings.dedupe_ms
+        now = self._clock.now_ms()
+        keep: list[Plan] = []
+        refused = 0
+        for plan in plans:
+            if too_old_to_deliver(plan.record.server_ts_ms, now_ms=now, window_ms=window):
+                dead.append(DeadLetter(plan.held.entry, TOO_OLD, plan.held.attempts + 1))
+                refused += 1
+            else:
+                keep.append(plan)
+        if refused:
+            self._observer.on_too_old(refused)
+        return keep
+
     async def _plan(self, held: PartitionEntry, record: MessageRecord) -> Plan:
         entry = held.entry
         if record.message_id != entry.message_id:
             raise Undeliverable("history holds another message at this seq")
-        return Plan(held, record, await self._targets.of(entry))
+        return Plan(held, record, await self._targets.of(entry, self.lease.fence))
 
     async def _reconcile(
         self, plans: list[Plan]
@@ -375,10 +425,42 @@ class PartitionWork:
                 unknown.append((plan.held, problem))
                 continue
             result = verdict(plan.mailboxes, holding.get(plan.record.message_id, set()))
-            self._observer.on_reconciled(result, 1)
             if result is Verdict.REJECTED:
                 rejected.append(plan)
-        return rejected, unknown
+            else:
+                self._observer.on_reconciled(result, 1)
+        return await self._not_held_where_decided(rejected), unknown
+
+    async def _not_held_where_decided(self, plans: list[Plan]) -> list[Plan]:
+        """Of the entries the conversation lane lacks, those their own version did not
+        send to the inboxes either: an entry delivered to the inboxes before its
+        conversation got its lane (the lane is sticky) was delivered, not lost."""
+        own: dict[int, tuple[Mailbox, ...]] = {}
+        for n, plan in enumerate(plans):
+            if plan.mailboxes[0].kind is OwnerKind.CONVERSATION:
+                with contextlib.suppress(StoreError):
+                    boxes = await self._targets.own(plan.held.entry)
+                    if boxes and boxes != plan.mailboxes:
+                        own[n] = boxes
+        still = plans
+        queries: list[tuple[Mailbox, tuple[str, ...]]] = [
+            (m, (plans[n].record.message_id,)) for n, boxes in own.items() for m in boxes
+        ]
+        if queries:
+            found, blind = await self._contains(queries)
+            held = {(m, ids[0]) for (m, ids), got in zip(queries, found, strict=True) if got}
+            still = [
+                plan
+                for n, plan in enumerate(plans)
+                if n not in own
+                or bool(blind)
+                or any((m, plan.record.message_id) not in held for m in own[n])
+            ]
+        if len(still) < len(plans):
+            self._observer.on_reconciled(Verdict.ACCEPTED, len(plans) - len(still))
+        if still:
+            self._observer.on_reconciled(Verdict.REJECTED, len(still))
+        return still
 
     async def _contains(
         self, queries: list[tuple[Mailbox, tuple[str, ...]]]
@@ -409,7 +491,7 @@ class PartitionWork:
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
             for mailbox in plan.mailboxes:
-                items[mailbox].append(MailboxItem(plan.record))
+                items[mailbox].append(MailboxItem(plan.record, plan.lane_version))
         parts = {m: split_group(i) for m, i in items.items()}
         rounds = max((len(p) for p in parts.values()), default=0)
         requests = [

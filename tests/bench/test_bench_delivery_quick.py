@@ -45,14 +45,19 @@ def test_bench_delivery_idle_streams_prints_latency_with_and_without_and_memory(
     """The idle-streams phase alone (``--members ''``): a holder process opens the
     streams, and the figures come back whole."""
     out = tmp_path / "idle.json"
-    args = ["--backend", "memory", "--members", "", "--idle-streams", "64"]
+    args = ["--backend", "memory", "--members", "", "--idle-streams", "64", "--idle-rounds", "2"]
     assert main([*args, "--idle-commits", "50", "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert saved["sizes"] == []
     [idle] = saved["idle_streams"]
-    assert idle["streams"] == 64 and idle["commits"] == 50
-    for run in ("without", "with", "after"):
-        assert 0 < idle[f"p50_{run}_ms"] <= idle[f"p99_{run}_ms"], run
-    assert idle["p99_ratio"] > 0 and idle["open_s"] >= 0
-    assert isinstance(idle["rss_per_stream_kib"], int | float)
+    assert idle["streams"] == 64 and idle["commits"] == 50 and idle["rounds"] == 2
+    assert len(idle["p99_without_ms"]) == 3 and len(idle["p99_with_ms"]) == 2
+    for run in ("without", "with"):
+        for p50, p99 in zip(idle[f"p50_{run}_ms"], idle[f"p99_{run}_ms"], strict=True):
+            assert 0 < p50 <= p99, run
+    around = idle["p99_without_ms"]
+    first = idle["p99_with_ms"][0] / ((around[0] + around[1]) / 2)
+    assert abs(idle["p99_ratios"][0] - first) < 0.01  # each round against the runs around it
+    assert min(idle["p99_ratios"]) <= idle["p99_ratio"] <= max(idle["p99_ratios"])
+    assert idle["open_s"] >= 0 and isinstance(idle["rss_per_stream_kib"], int | float)
     assert "idle streams (memory): 64 open" in capsys.readouterr().out

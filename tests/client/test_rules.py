@@ -76,6 +76,28 @@ def test_a_page_that_does_not_continue_the_cursor_is_refused(
         check_page(cursor, page(evs, nxt))
 
 
+BIG = "conversation:big"
+
+
+def test_a_big_lanes_withheld_entries_keep_its_pages_gap_free() -> None:
+    """One reading rule for every lane: what a reader may not read of a big
+    conversation's lane comes as withheld events (seq and group, no record), so
+    its pages are held to the inbox's rule: no gap, whole groups."""
+    withheld = MailboxEvent(5, 5, None)
+    check_page(
+        MailboxCursor(BIG, 2, 4),
+        page((withheld, *events((6, 5), (7, 7))), MailboxCursor(BIG, 2, 7), BIG),
+    )
+
+
+@pytest.mark.parametrize("lane", ["inbox", BIG])
+def test_a_page_that_skips_a_seq_is_refused_in_every_lane(lane: str) -> None:
+    with pytest.raises(InvalidMailboxPage):
+        check_page(MailboxCursor(lane, 2, 4), page(events((6, 6)), MailboxCursor(lane, 2, 6), lane))
+    with pytest.raises(InvalidMailboxPage):
+        check_page(MailboxCursor(lane, 2, 4), page((), MailboxCursor(lane, 2, 9), lane))
+
+
 def hp(seqs: list[int], next_anchor: int) -> HistoryPage:
     return HistoryPage(
         "c", Direction.BACKWARD, 0, 0, tuple(record(s) for s in seqs), 1, 99, next_anchor

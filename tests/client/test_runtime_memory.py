@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -341,3 +342,45 @@ async def test_a_big_lane_listed_before_its_first_entry_is_synced_without_a_hint
     for i in range(3):
         await alice.send("big", f"first {i}")
     await eventually(lambda: _count(bob, 3, "big"), 10)  # far below the minute
+
+
+@pytest.mark.server(fanout_threshold=2, relay_batch=1)
+async def test_a_late_joiner_applies_a_big_lane_whose_pages_skip_what_it_may_not_read(
+    servers: MemoryServers, new_client: NewClient
+) -> None:
+    """One reading rule for every lane: dave joins the big conversation after two
+    messages, so its lane's pages show him only the two sent after, with gaps in
+    their seqs and a cursor past what he may not read. The runtime applies them
+    and stores the cursor at the lane's head."""
+    async with await admin(servers.target) as c:
+        await c.create_conversation(TENANT, "big", ["alice", "bob", "carol"])
+    alice = new_client("alice")
+    await alice.start()
+    for i in range(2):
+        await alice.send("big", f"before dave {i}")
+    await eventually(lambda: no_pending(alice))
+    async with await admin(servers.target) as c:
+        await eventually(lambda: _lane_head(c, "alice", 2))
+        await c.add_members(TENANT, "big", ["dave"])
+    for i in range(2):
+        await alice.send("big", f"after dave {i}")
+    await eventually(lambda: no_pending(alice))
+    dave = new_client("dave")
+    await dave.start()
+    await eventually(lambda: _count(dave, 2, "big"))
+    async with await admin(servers.target) as c:
+        await eventually(lambda: _lane_head(c, "alice", 4))
+    lane = "conversation:big"
+    await eventually(lambda: _lane_cursor_at(dave, lane, 4))
+    local = [m.record.seq for m in await dave.rt.store.messages("big", limit=100)]
+    assert local == [3, 4]
+
+
+async def _lane_head(c: Any, user: str, head: int) -> bool:
+    page = await c.sync(TENANT, user, ServerCursor("conversation:big"), limit=1000)
+    return bool(page.head >= head)
+
+
+async def _lane_cursor_at(client: Client, lane: str, seq: int) -> bool:
+    cursor = await client.rt.store.cursor(lane)
+    return cursor is not None and cursor.seq == seq

@@ -36,8 +36,15 @@ class MemoryHarness(Harness):
         identity_form: IdentityForm,
         delivery: DeliverySettings | None = None,
     ) -> Backend:
-        mailbox = (delivery or DeliverySettings()).mailbox
-        return open_memory_backend(self._state, settings, clock, identity_form, mailbox)
+        chosen = delivery or DeliverySettings()
+        return open_memory_backend(
+            self._state,
+            settings,
+            clock,
+            identity_form,
+            chosen.mailbox,
+            chosen.dead_letter_retention_ms,
+        )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from service.domain.delivery import (
     AppendOutcome,
     AppendRequest,
+    DeadLetterTrim,
     DeliveryPorts,
     HistoryRecords,
     MailboxStore,
@@ -53,6 +54,7 @@ class Seen:
     duplicates: int = 0
     retried: int = 0
     dead: int = 0
+    too_old: int = 0
     verdicts: Counter[Verdict] = field(default_factory=Counter)
     moved_back: list[tuple[str, LaneMark, LaneMark, int]] = field(default_factory=list)
 
@@ -69,6 +71,9 @@ class Seen:
 
     def on_reconciled(self, result: Verdict, entries: int) -> None:
         self.verdicts[result] += entries
+
+    def on_too_old(self, entries: int) -> None:
+        self.too_old += entries
 
     def on_lane_moved_back(self, kind: str, seen: LaneMark, found: LaneMark, epoch: int) -> None:
         self.moved_back.append((kind, seen, found, epoch))
@@ -90,11 +95,14 @@ async def drain(
     delivery: DeliveryPorts | None = None,
     membership: MembershipStore | None = None,
     marks: LaneMarks | None = None,
+    targets: Targets | None = None,
 ) -> dict[str, Lease]:
-    """One relay takes every partition and works each until it is idle (``marks``:
-    the relay's memory of its lanes, kept across calls when given)."""
+    """One relay takes every partition and works each until it is idle (``marks``,
+    ``targets``: the relay's memory of its lanes and decisions, kept across calls when
+    given)."""
     d = delivery or ports(backend)
-    targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
+    if targets is None:
+        targets = Targets(d, membership or backend.membership, policy.fanout_threshold)
     leases = {}
     for partition in d.partitions.partitions():
         lease = await d.partitions.acquire(partition, owner, policy.lease_ms)
@@ -141,6 +149,7 @@ class FlakyMailbox(MailboxStore):
         down: frozenset[Mailbox] = frozenset(),
     ) -> None:
         self.inner = inner
+        self.settings = inner.settings
         self.fail_appends = fail_appends
         self.fail_checks = fail_checks
         self.down = down
@@ -206,6 +215,11 @@ class CountingMembership(MembershipStore):
 
     async def admission(self, tenant: str, conversation: str, user: str) -> Admission | None:
         return await self.inner.admission(tenant, conversation, user)
+
+    async def member_intervals(
+        self, tenant: str, conversation: str, user: str
+    ) -> tuple[int, ...] | None:
+        return await self.inner.member_intervals(tenant, conversation, user)
 
     async def members_at(
         self, tenant: str, conversation: str, version: int | None, after: str, limit: int
@@ -275,6 +289,9 @@ class HookedPartitions(OutboxPartitions):
 
     async def requeue(self, partition: str, letters: Sequence[str]) -> int:
         return await self.inner.requeue(partition, letters)
+
+    async def trim_dead_letters(self, lease: Lease) -> DeadLetterTrim:
+        return await self.inner.trim_dead_letters(lease)
 
     async def relays(self, owner: str, ttl_ms: int) -> int:
         return await self.inner.relays(owner, ttl_ms)

@@ -13,7 +13,7 @@ from service.domain.model import MessageRecord
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import Fence
 from tests.conformance.harness import Harness
-from tests.support import text, unique
+from tests.support import DEDUPE_CASES, DEDUPE_WINDOW_MS, text, unique
 
 PARTITION = "p-test"
 FENCE = Fence(PARTITION, 1)
@@ -152,7 +152,9 @@ async def test_cursors_below_the_watermark_of_another_epoch_or_ahead_expire(
         assert why in caught.value.why
     resumed = await d.mailbox.sync(box, MailboxCursor("inbox", 1, 3), 100, BIG_PAGE)
     assert [e.seq for e in resumed.entries] == [4, 5, 6] and resumed.trim_watermark == 3
-    assert await d.mailbox.contains([(box, ("m-c1-2", "m-c1-5"))]) == [frozenset({"m-c1-5"})]
+    # a trim by hand, like one by count, keeps the ids for the dedupe window
+    held = await d.mailbox.contains([(box, ("m-c1-2", "m-c1-5", "m-c1-7"))])
+    assert held == [frozenset({"m-c1-2", "m-c1-5"})]
 
 
 async def test_a_new_epoch_starts_empty_from_seq_1_and_keeps_the_fences(harness: Harness) -> None:
@@ -292,3 +294,72 @@ async def test_the_conversation_index_lists_in_pages_and_forgets_removed(harness
     assert (rest, end) == (("c3",), "")
     assert (await d.index.conversations(tenant, "bob", "", 10))[0] == ("a:b", "c1", "c2", "c3")
     assert (await d.index.conversations(unique("t"), "alice", "", 10)) == ((), "")
+
+
+async def test_a_redelivery_after_a_count_trim_is_still_deduped(harness: Harness) -> None:
+    """Issue 23, item 8: the dedupe index was trimmed with the entries, so once a
+    lane had more than ``max_entries`` newer entries, a redelivery (reconcile,
+    requeue) of an early message was appended again. Now the ids of entries
+    trimmed by count stay for the dedupe window."""
+    clock = ManualClock()
+    settings = MailboxSettings(retention_ms=600_000, max_entries=2)
+    d = ports(await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings)))
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    for n in range(1, 6):  # one group each: 1-3 are trimmed by count
+        await d.mailbox.append([AppendRequest(box, items(tenant, n))], FENCE)
+    assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 5, 3)
+    (again,) = await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2, 6))], FENCE)
+    assert (again.added, again.duplicates, again.first_seq) == (1, 2, 6)
+    page = await d.mailbox.sync(box, MailboxCursor("inbox", 1, 4), 100, BIG_PAGE)
+    assert [e.record.seq for e in page.entries] == [5, 6]
+    held = await d.mailbox.contains([(box, ("m-c1-1", "m-c1-3", "m-c1-9"))])
+    assert held == [frozenset({"m-c1-1", "m-c1-3"})]
+
+
+@pytest.mark.parametrize(("later_ms", "forgotten"), DEDUPE_CASES)
+async def test_the_ids_of_trimmed_groups_are_forgotten_when_the_window_passes(
+    harness: Harness, later_ms: int, forgotten: int
+) -> None:
+    """One case table for ``service.domain.mailbox.dedupe_cut`` on every backend (the
+    Redis script mirrors it): ids of trimmed groups go by age, a whole group at a
+    time, never those of an entry still held."""
+    clock = ManualClock()
+    settings = MailboxSettings(
+        retention_ms=600_000, max_entries=2, dedupe_window_ms=DEDUPE_WINDOW_MS
+    )
+    d = ports(await harness.open(clock=clock, delivery=DeliverySettings(mailbox=settings)))
+    tenant = unique("t")
+    box = Mailbox.inbox(tenant, "bob")
+    await d.mailbox.append([AppendRequest(box, items(tenant, 1, 2))], FENCE)  # at 0
+    clock.advance(10_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 3))], FENCE)  # at 10 s
+    clock.advance(10_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 4))], FENCE)  # at 20 s: cut 1-2
+    await d.mailbox.append([AppendRequest(box, items(tenant, 5))], FENCE)  # cut 3
+    clock.advance(later_ms - 20_000)
+    await d.mailbox.append([AppendRequest(box, items(tenant, 6))], FENCE)  # cut 4
+    ids = tuple(f"m-c1-{n}" for n in range(1, 7))
+    (held,) = await d.mailbox.contains([(box, ids)])
+    assert held == {f"m-c1-{n}" for n in range(forgotten + 1, 7)}
+    assert (await d.mailbox.lane_state([box]))[0] == LaneState(1, 6, 4)
+
+
+async def test_entries_keep_the_membership_version_they_were_appended_with(
+    harness: Harness,
+) -> None:
+    """What ``mailbox.readable`` judges a conversation lane's reader by; an item
+    without one (written before entries carried it) reads as unknown (0)."""
+    d = ports(await harness.open())
+    tenant = unique("t")
+    box = Mailbox.conversation(tenant, "c1")
+    carried = (
+        MailboxItem(record(tenant, 1), 3),
+        MailboxItem(record(tenant, 2), 4),
+        MailboxItem(record(tenant, 3)),
+    )
+    await d.mailbox.append([AppendRequest(box, carried)], FENCE)
+    page = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE)
+    assert [(e.record.seq, e.membership_version) for e in page.entries] == [(1, 3), (2, 4), (3, 0)]
+    mine = await d.mailbox.sync(box, MailboxCursor(box.lane), 100, BIG_PAGE, (4,))
+    assert [e.record.seq for e in mine.entries] == [2, 3] and mine.next_cursor.seq == 3

@@ -170,3 +170,67 @@ async def test_member_pages_of_every_size_list_everyone_once(harness: Harness) -
     assert (last.members, last.version, last.next_after) == (("u5",), 2, "")
     old = await m.members_at(tenant, "c1", 1, "u3", 1)
     assert (old.members, old.version) == (("u4",), 1)
+
+
+async def test_a_users_intervals_are_one_point_lookup(harness: Harness) -> None:
+    """What a conversation lane's reader is judged by (``mailbox.readable``)."""
+    m = (await harness.open()).membership
+    tenant = unique("t")
+    await m.create_conversation(tenant, "c1", ["u1", "u2"])
+    await m.add_members(tenant, "c1", ["u3"])  # v2
+    await m.remove_members(tenant, "c1", ["u3"])  # v3
+    await m.add_members(tenant, "c1", ["u3"])  # v4
+    await m.remove_members(tenant, "c1", ["u2"])  # v5
+    assert await m.member_intervals(tenant, "c1", "u1") == (1,)
+    assert await m.member_intervals(tenant, "c1", "u2") == (1, 5)
+    assert await m.member_intervals(tenant, "c1", "u3") == (2, 3, 4)
+    assert await m.member_intervals(tenant, "c1", "never") == ()
+    assert await m.member_intervals(tenant, "nope", "u1") is None
+
+
+async def test_a_conversation_that_shrank_lists_its_members_in_one_call(
+    harness: Harness,
+) -> None:
+    """20,000 users came and went, 5 stayed: the current version is one call, whatever
+    passed through (issue 23, item 5); an older version still lists exactly its members."""
+    backend = await harness.open()
+    tenant = unique("t")
+    m = backend.membership
+    kept = [f"z-kept-{n}" for n in range(5)]  # sorted after every user who left
+    await m.create_conversation(tenant, "shrunk", kept)
+    waves = [[f"u{wave}-{n:05d}" for n in range(10_000)] for wave in range(2)]
+    joined, left = [], []  # a backend may split a big change into several versions
+    for users in waves:
+        joined.append((await m.add_members(tenant, "shrunk", users)).version)
+        left.append((await m.remove_members(tenant, "shrunk", users)).version)
+    now = await m.members_at(tenant, "shrunk", None, "", 1000)
+    assert (now.members, now.version, now.next_after) == (tuple(kept), left[1], "")
+    assert await members(backend, tenant, "shrunk", joined[1], page=1000) == waves[1] + kept
+    assert await members(backend, tenant, "shrunk", left[0], page=1000) == kept
+    first = await members(backend, tenant, "shrunk", joined[0], page=777)
+    assert first == waves[0] + kept
+
+
+async def test_pages_of_an_older_version_merge_current_and_removed_users_in_id_order(
+    harness: Harness,
+) -> None:
+    backend = await harness.open()
+    tenant = unique("t")
+    m = backend.membership
+    users = [f"u{n:02d}" for n in range(30)]
+    await m.create_conversation(tenant, "c1", users[::2])  # v1: the even ones
+    await m.remove_members(tenant, "c1", users[0:10:2])  # v2
+    await m.add_members(tenant, "c1", users[1::2])  # v3: the odd ones join
+    await m.add_members(tenant, "c1", users[0:4:2])  # v4: two come back
+    await m.remove_members(tenant, "c1", [users[0], users[12], users[13]])  # v5
+    expected = {
+        1: users[::2],
+        2: users[10::2],
+        3: users[10:] + users[1:10:2],
+        4: users[10:] + users[1:10:2] + users[0:4:2],
+    }
+    expected[5] = [u for u in expected[4] if u not in (users[0], users[12], users[13])]
+    for version, want in expected.items():
+        for page in (1, 2, 3, 7, 100):
+            got = await members(backend, tenant, "c1", version, page=page)
+            assert got == sorted(want), (version, page)

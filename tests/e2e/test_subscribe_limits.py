@@ -18,7 +18,6 @@ import pytest
 from grpc import aio
 
 from backends.memory import open_memory_backend
-from service.api.limits import MAX_STREAMS_PER_USER
 from service.bootstrap import build_server
 from service.client import CommitClient
 from service.domain.delivery import MailboxStore
@@ -72,8 +71,8 @@ async def test_idle_subscribers_do_not_take_the_slots_of_unary_rpcs(
 
 
 async def test_one_user_cannot_open_streams_without_bound(start_server: StartServer) -> None:
-    running = await start_server()
-    async with streams(running, ["alice"] * MAX_STREAMS_PER_USER) as calls:
+    running = await start_server(max_streams_per_user=LIMIT)
+    async with streams(running, ["alice"] * LIMIT) as calls:
         for call in calls:
             await _first(call)
         async with streams(running, ["alice", "bob"]) as (extra, other):
@@ -84,6 +83,21 @@ async def test_one_user_cannot_open_streams_without_bound(start_server: StartSer
             assert (await _first(other)).hint.lane == "inbox"  # another user: served
     async with streams(running, ["alice"]) as (again,):  # the slots were given back
         assert (await _first(again)).hint.lane == "inbox"
+
+
+async def test_a_replica_serves_at_most_its_streams(start_server: StartServer) -> None:
+    running = await start_server(max_streams=LIMIT)
+    await running.client.create_conversation("t1", "c1", ["alice", "bob"])
+    async with streams(running, [f"u{n}" for n in range(LIMIT)]) as calls:
+        for call in calls:
+            await _first(call)
+        async with streams(running, ["one-more"]) as (extra,):
+            with pytest.raises(aio.AioRpcError) as caught:
+                await _first(extra)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"more than {LIMIT} streams on this replica" in (caught.value.details() or "")
+        ack = await running.client.commit(send("t1", "c1", cmid="unary-still-served"))
+        assert ack.seq == 1
 
 
 class CountedLanes(FlakyMailbox):

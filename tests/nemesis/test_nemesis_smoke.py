@@ -1,6 +1,7 @@
 """CI smoke of ``message-committer nemesis``: two short schedules on Redis behind
 Toxiproxy, three replicas, real gRPC clients, both checkers; every storage fault kind
-and the replica kill fire, and neither checker finds an anomaly."""
+and the replica kill fire, and neither checker finds an anomaly. Then one short
+schedule of a sabotaged build (``--sabotage wrong-refusal``), which both must catch."""
 
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def test_the_nemesis_smoke_finds_no_anomaly(tmp_path: Path) -> None:
     acks = [int(n) for n in re.findall(r"acks (\d+)", result.stdout)]
     assert len(acks) == 2 and min(acks) > 0
     assert len(list(tmp_path.glob("schedule-*.jsonl"))) == 2
+
+
+def test_the_nemesis_smoke_catches_a_sabotaged_build(tmp_path: Path) -> None:
+    result = run_cli_bounded(
+        ["nemesis", "--backend", "redis", "--schedules", "1", "--duration", "8",
+         "--max-fault-seconds", "2", "--seed", "5", "--faults", "latency", "--clients", "4",
+         "--sabotage", "wrong-refusal", "--keep-dir", str(tmp_path)],
+        timeout=300,
+    )  # fmt: skip
+    print(result.stdout[-3000:])
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    found = re.fullmatch(r"anomalies: (\d+) \(checker\), (\d+) \(porcupine\)", last)
+    assert found is not None and min(int(found[1]), int(found[2])) > 0, last
+    assert "checker: wrong-refusal in " in result.stdout

@@ -70,3 +70,26 @@ def test_anomalies_are_reported(tmp_path: Path, body: Callable[[HistoryWriter], 
     result = run(write(tmp_path / "h.jsonl", body), html=html)
     assert result.anomalies == 1, result.output
     assert html.exists() and "<html" in html.read_text()[:2000].lower()
+
+
+def wrong_refusal(w: HistoryWriter) -> None:
+    commit(w, "a", 1)
+    op = w.invoke(1, "commit", "t", "c1", sender="alice", cmid="a", digest="d-other")
+    w.error(op, "FAILED_PRECONDITION", "IDEMPOTENCY_CONFLICT")
+    read(w, ("a", 1))
+
+
+def test_a_refusal_the_table_does_not_allow_is_reported(tmp_path: Path) -> None:
+    result = run(write(tmp_path / "h.jsonl", wrong_refusal))
+    assert result.anomalies == 1, result.output
+
+
+def test_a_conflict_refused_as_the_table_says_passes(tmp_path: Path) -> None:
+    def body(w: HistoryWriter) -> None:
+        commit(w, "a", 1)
+        op = w.invoke(1, "commit", "t", "c1", sender="alice", cmid="a", digest="d-other")
+        w.error(op, "ALREADY_EXISTS", "IDEMPOTENCY_CONFLICT")
+        read(w, ("a", 1))
+
+    result = run(write(tmp_path / "h.jsonl", body))
+    assert result.anomalies == 0, result.output

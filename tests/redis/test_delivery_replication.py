@@ -88,14 +88,16 @@ async def test_no_outbox_entry_is_acknowledged_before_its_mailbox_writes_are_rep
 async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq_is_reused(
     own_redis_server: RedisServer, replica: RedisServer
 ) -> None:
-    """Issue 23 item 3, the detection part. The relay wrote bob's seq 2 on the primary
-    and bob applied it, but the replica never got it (the append failed its WAIT, so
-    the entry stayed unacknowledged) and then the primary died. On the promoted
-    replica the lane is back at head 1 in epoch 1. Before, the relay went on in
-    epoch 1 (seq 2 written again, seq 3 after it) and bob's cursor (1, 2) synced on
-    without a word: whatever landed at seq 2 after the failover, bob never sees.
-    Now the relay finds the lane below the (epoch, head) it saw, starts epoch 2
-    first, and bob's cursor answers CURSOR_EXPIRED."""
+    """Issue 23 item 3, the detection part. The relay wrote bob's seq 2 on the primary,
+    but the replica never got it (the append failed its WAIT, so the entry stayed
+    unacknowledged) and then the primary died. On the promoted replica the lane is
+    back at head 1 in epoch 1. Before, bob could apply seq 2 from the primary, the
+    relay went on in epoch 1 (seq 2 written again, seq 3 after it) and bob's cursor
+    (1, 2) synced on without a word. Now Sync never served seq 2 (its durable head
+    stayed at 1: ``test_sync_serves_no_entry_the_replicas_do_not_hold_yet``), and
+    the relay, whose mark still counts the unreplicated append, finds the lane below
+    the (epoch, head) it saw and starts epoch 2 first: bob's cursor answers
+    CURSOR_EXPIRED (one rebuild more than needed, never a reused seq)."""
     clock = ManualClock()
     backend = await open_initialised(
         own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
@@ -113,9 +115,9 @@ async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq
         await _one_step_everywhere(backend, clock, seen, marks)
         assert seen.retried == 1, "the append of seq 2 was not replicated"
         page = await ports(backend).mailbox.sync(bob, MailboxCursor("inbox", 1, 1), 10, 1 << 20)
-        assert [(e.seq, e.record.seq) for e in page.entries] == [(2, 2)]  # bob applies it
+        assert page.entries == ()  # not on the replica: Sync does not serve it
         cursor = page.next_cursor
-        assert cursor == MailboxCursor("inbox", 1, 2)
+        assert cursor == MailboxCursor("inbox", 1, 1)
     finally:
         await backend.close()
         own_redis_server.kill()  # the old primary dies with seq 2
@@ -134,3 +136,40 @@ async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq
         assert await inbox(promoted, bob) == [("c1", 2), ("c1", 3)]  # what bob rebuilds from
     finally:
         await promoted.close()
+
+
+async def test_sync_serves_no_entry_the_replicas_do_not_hold_yet(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """Issue 23 item 3: Sync served an entry the primary applied before its WAIT
+    returned, so a client could apply a seq a failover then took away, and another
+    entry would take that seq (in the same epoch, unless some relay remembered the
+    head). Now a lane's entries are served up to its durable head only: the head the
+    replicas were seen to hold, published after the relay's barrier; a Sync that finds
+    a tail beyond it runs the barrier itself, so the tail shows as soon as the
+    replicas have it, with or without another append."""
+    clock = ManualClock()
+    backend = await open_initialised(
+        own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
+    )
+    tenant = unique("t")
+    bob = Mailbox.inbox(tenant, "bob")
+    try:
+        await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+        await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m0"))
+        _pause(replica)
+        try:
+            seen = Seen()
+            await _one_step_everywhere(backend, clock, seen)
+            assert seen.retried == 1, "the append was not replicated, so not settled"
+            (state,) = await ports(backend).mailbox.lane_state([bob])
+            assert state.head == 1  # applied on the primary
+            page = await ports(backend).mailbox.sync(bob, MailboxCursor(), 10, 1 << 20)
+            assert page.entries == () and page.next_cursor.seq == 0
+        finally:
+            _resume(replica)
+        _wait_in_sync(own_redis_server.url, replica.url)
+        page = await ports(backend).mailbox.sync(bob, MailboxCursor(), 10, 1 << 20)
+        assert [(e.seq, e.record.seq) for e in page.entries] == [(1, 1)]
+    finally:
+        await backend.close()

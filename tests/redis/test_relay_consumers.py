@@ -64,3 +64,54 @@ async def test_a_takeover_forgets_the_idle_consumers_of_earlier_relays(
         assert set(left) <= {f"relay-{RESTARTS}"}, left
     finally:
         await backend.close()
+
+
+async def test_relays_that_crash_and_restart_leave_only_the_holder_as_a_consumer(
+    redis_harness: RedisHarness,
+) -> None:
+    """N relay processes in a row on one partition, every other one killed with
+    entries claimed and unsettled (its consumer then has pending entries at the
+    next takeover, so the takeover cannot delete it). Once the next holder has
+    reconciled them (XAUTOCLAIM moved them to it), the group holds the holder
+    alone; a graceful stop of the last one leaves no consumer at all, so a
+    partition nobody takes over again keeps nothing behind either."""
+    backend = await redis_harness.open()
+    try:
+        tenant = unique("t")
+        await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+        commits = committer(backend)
+        await commits.commit_send(send(tenant, "c1", cmid="m0"))
+        parts = ports(backend).partitions
+        (partition,) = [p for p in parts.partitions() if await _has_entries(redis_harness.url, p)]
+        most = 0
+        for n in range(1, RESTARTS * 2 + 1):
+            owner = f"relay-{n}"
+            lease = await parts.acquire(partition, owner, 10_000)
+            assert lease is not None and lease.taken_over
+            most = max(most, len(await _consumers(redis_harness.url, partition)))
+            for _ in range(10):  # reconcile what the earlier holders left, as the relay does
+                held = await parts.unsettled(lease, 10)
+                if not held:
+                    break
+                await parts.settle(lease, Settlement(sent=tuple(h.position for h in held)))
+            assert set(await _consumers(redis_harness.url, partition)) <= {owner}
+            await commits.commit_send(send(tenant, "c1", cmid=f"m{n}"))
+            claimed = await parts.claim(lease, 10)
+            assert claimed
+            if n % 2:  # killed after its claim: the entries stay pending under its name
+                await parts.release(lease)  # stands for the lease expiring
+                continue
+            await parts.settle(lease, Settlement(sent=tuple(c.position for c in claimed)))
+            await parts.release(lease)  # a graceful stop
+        assert most <= 2, most
+        assert await _consumers(redis_harness.url, partition) == {}
+    finally:
+        await backend.close()
+
+
+async def _has_entries(url: str, stream: str) -> bool:
+    client = aioredis.Redis.from_url(url)
+    try:
+        return bool(await client.exists(stream)) and int(await client.xlen(stream)) > 0
+    finally:
+        await client.aclose()

@@ -20,7 +20,6 @@ import pytest
 
 from backends.scylla.outbox_log import (
     HOUR_MS,
-    OUTBOX_TTL_S,
     STATEMENTS,
     max_uuid_at,
     partition_number,
@@ -91,7 +90,7 @@ async def test_an_entry_landing_below_claimed_ones_on_a_busy_partition_is_delive
         await cql.write(
             "late.add",
             (ns, number, time_ms(moved) // HOUR_MS, moved, tenant, "c1", 4,
-             acks[3].message_id, None, 1, OUTBOX_TTL_S),
+             acks[3].message_id, None, 1),
         )  # fmt: skip
         for n in range(4, 12):  # each step claims something new: never idle
             await c.commit_send(send(tenant, "c1", cmid=f"m{n}"))

@@ -14,10 +14,11 @@ import asyncio
 import pytest
 
 from backends.scylla.sequence import SeqAllocator
+from service.domain.errors import IdempotencyConflict
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate, Reserved
 from tests.scylla.conftest import store_of
 from tests.servers.cql_server import ScyllaHarness
-from tests.support import committer, conversation, send, unique
+from tests.support import committer, conversation, send, text, unique
 from toolkit.campaign.invariants import Ledger, check_invariants, read_history
 
 pytestmark = pytest.mark.scylla
@@ -88,3 +89,41 @@ async def test_a_hot_conversation_commits_with_fewer_conditional_writes(
         ledger.acked(request, ack)
     assert await check_invariants(backend, ledger) == []
     assert [r.seq for r in await read_history(backend, tenant, "c1", "bob")] == list(range(1, 33))
+
+
+class _Died(Exception):
+    """The replica died between the seq reservation and the intent's write."""
+
+
+async def test_another_request_of_a_key_whose_reserve_died_takes_a_new_seq(
+    scylla: ScyllaHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reservation belongs to the request that made it (its identity digest), not to
+    the key alone: a different request of the same key gets a seq above every seq
+    given since (DESIGN §2, "strictly increasing in reservation order"), and the
+    first request's seq stays a gap. Before, the key's reservation handed the died
+    request's seq 1 to the other request after seqs 2-4 had been ACKed (the nemesis's
+    porcupine finding, docs/performance-history.md)."""
+    backend = await scylla.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    store = store_of(backend)
+    c = committer(backend)
+    first = send(tenant, cmid="k", content=text("first"))
+    write_intent = store._write_intent
+
+    async def died(*args: object, **kwargs: object) -> bool:
+        raise _Died
+
+    monkeypatch.setattr(store, "_write_intent", died)
+    with pytest.raises(_Died):
+        await c.commit_send(first)
+    monkeypatch.setattr(store, "_write_intent", write_intent)
+    others = [await c.commit_send(send(tenant)) for _ in range(3)]
+    assert [a.seq for a in others] == [2, 3, 4]
+    other_request = send(tenant, cmid="k", content=text("second"))
+    ack = await c.commit_send(other_request)
+    assert ack.seq == 5
+    with pytest.raises(IdempotencyConflict):
+        await c.commit_send(first)  # its key now holds another request's message
+    assert await c.commit_send(other_request) == ack

@@ -102,6 +102,10 @@ def test_durations_print_back_in_their_largest_unit() -> None:
         ),
         ({"MC_BACKEND": "memory", "MC_RELAY_HTTP_ADDRESS": "nowhere"}, "HOST:PORT"),
         ({"MC_BACKEND": "memory", "MC_MAILBOX_RETENTION": "0s"}, "MC_MAILBOX_RETENTION must be"),
+        (
+            {"MC_BACKEND": "memory", "MC_MAILBOX_DEDUPE_WINDOW": "10m"},
+            "MC_MAILBOX_DEDUPE_WINDOW must be at least 1h",
+        ),
     ],
 )
 def test_bad_configuration_is_exit_code_2(env: dict[str, str], message: str) -> None:
@@ -142,6 +146,7 @@ def test_limits_and_store_settings_come_from_the_config() -> None:
     )
     assert loaded.store_settings().idempotency_window_ms == 86_400_000
     assert loaded.limits().sender_burst == 3
+    assert loaded.mailbox_settings().dedupe_window_ms == 86_400_000
 
 
 def test_the_readme_table_lists_every_variable_with_its_default() -> None:

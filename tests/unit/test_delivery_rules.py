@@ -20,10 +20,13 @@ from service.domain.mailbox import (
     MailboxItem,
     build_page,
     check_cursor,
+    dedupe_cut,
     new_items,
     parse_lane,
+    refusal_margin_ms,
     split_group,
     sync_limits,
+    too_old_to_deliver,
     trim_cut,
 )
 from service.domain.model import MessageRecord, OutboxEntry, OutboxPublication
@@ -38,7 +41,7 @@ from service.domain.relay import (
     verdict,
 )
 from service.domain.relay_waiting import Waiting
-from tests.support import text
+from tests.support import DEDUPE_CASES, DEDUPE_GROUPS, DEDUPE_WINDOW_MS, text
 
 S = EntryState
 LEGAL = {
@@ -225,3 +228,23 @@ def test_waiting_entries_are_tried_again_in_order_per_mailbox() -> None:
     assert [h.position for h in waiting.due(150, 10)] == []  # 3 waits behind 1 on b
     waiting.forget(["1", "3"])
     assert len(waiting) == 0 and waiting.next_due_ms(0) == 0  # nobody sick any more
+
+
+@pytest.mark.parametrize(("now", "mark"), DEDUPE_CASES)
+def test_trimmed_ids_are_forgotten_by_whole_groups_once_the_window_passes(
+    now: int, mark: int
+) -> None:
+    groups = [*DEDUPE_GROUPS, (6, now)]
+    assert dedupe_cut(0, 4, groups, now_ms=now, window_ms=DEDUPE_WINDOW_MS) == mark
+    above = [g for g in groups if g[0] > mark]  # applied again: nothing more goes
+    assert dedupe_cut(mark, 4, above, now_ms=now, window_ms=DEDUPE_WINDOW_MS) == mark
+
+
+def test_a_message_is_refused_once_the_window_less_the_margin_has_passed() -> None:
+    day = 86_400_000
+    assert refusal_margin_ms(day) == 3_600_000 and refusal_margin_ms(100_000) == 10_000
+    assert not too_old_to_deliver(1000, now_ms=1000 + day - 3_600_001, window_ms=day)
+    assert too_old_to_deliver(1000, now_ms=1000 + day - 3_600_000, window_ms=day)
+    # an id is remembered for the window after its group's append, which is after the
+    # commit: what is not refused is still deduped, with the margin to spare
+    assert too_old_to_deliver(0, now_ms=90_000, window_ms=100_000)

@@ -50,7 +50,7 @@ class H:
             r if isinstance(r, Record) else Record(r[1], f"m-{r[0]}", "alice", r[0], f"d-{r[0]}", 7)
             for r in records
         )
-        done = Completion("ok", 1001, records=rows)
+        done = Completion("ok", 1001, records=rows, last_seq=max((r.seq for r in rows), default=0))
         self.ops.append(Op(len(self.ops) + 1, 0, "read", "t", "c1", 1000, done=done))
 
 

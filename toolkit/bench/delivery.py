@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from service.api.limits import MAX_STREAMS
 from service.client import CommitClient, RetryPolicy
+from service.config import DEFAULT_MAX_STREAMS as MAX_STREAMS
 from service.config import ServiceConfig
 from service.domain.mailbox import MailboxCursor
 from service.domain.model import AuthenticatedSend, MessageContent, MessageType
@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also N idle Subscribe streams: Commit p99 with and without, memory per stream",
     )
     p.add_argument("--idle-commits", type=int, default=2000, help="commits per idle-streams run")
+    p.add_argument(
+        "--idle-rounds",
+        type=int,
+        default=3,
+        help="idle-streams rounds (runs with the streams, each between two runs without)",
+    )
     p.add_argument("--json", type=Path, default=Path("bench-delivery.json"), metavar="PATH")
     p.add_argument("--redis-url", default=env("MC_REDIS_URL", ""))
     p.add_argument("--scylla-contact-points", default=env("MC_SCYLLA_CONTACT_POINTS", ""))
@@ -331,9 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench-delivery: --backend must be memory, redis, scylla or all", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
-    if args.idle_streams < 0 or args.idle_streams > MAX_STREAMS or args.idle_commits < 1:
+    if not 0 <= args.idle_streams <= MAX_STREAMS or min(args.idle_commits, args.idle_rounds) < 1:
         print(
-            f"bench-delivery: --idle-streams 0 to {MAX_STREAMS}, --idle-commits >= 1",
+            f"bench-delivery: --idle-streams 0 to {MAX_STREAMS};"
+            " --idle-commits and --idle-rounds at least 1",
             file=sys.stderr,
         )
         return 2

@@ -3,22 +3,28 @@
 A replica holds one Subscribe stream per online device. Idle, a stream should
 cost a little memory and its heartbeats, never Commit's latency (issue 23,
 item 6: each stream used to hold one of the unary RPC slots and read its
-lanes every second). The phase, on the server the bench runs in this process:
+lanes every second). The phase, on the server the bench runs in this process,
+alternates runs without and with the streams so that a drift of the shared
+machine shows up as two different baselines around a run, not as the streams'
+cost:
 
-1. **without**: ``--idle-commits`` commits at ``--concurrency``, latencies
-   recorded per commit;
-2. a holder subprocess (``python -m toolkit.bench.idle``) opens N streams
-   over ``HOLDER_CHANNELS`` connections, ``STREAMS_PER_USER`` per user (under
-   the per-user cap), and says ``ready`` once every stream has had its first
-   message; the server's memory is read before and after (``VmRSS`` of this
-   process, which runs the server; the streams' client side lives in the
-   holder, so it is not counted);
-3. **with**: the same commits while the N streams stay open;
-4. the holder closes its streams, and **without** runs once more (so a
-   drift of the machine during the phase shows as two different baselines).
+    without(0), [open, with(1), close, without(1)], ..., [open, with(R), close, without(R)]
 
-Printed: p50 / p99 of each run, p99 with streams over the mean of the two
-runs without, and the server memory per idle stream.
+* **without**: ``--idle-commits`` commits at ``--concurrency``, latencies
+  recorded per commit;
+* **open**: a holder subprocess (``python -m toolkit.bench.idle``) opens N
+  streams over ``HOLDER_CHANNELS`` connections, ``STREAMS_PER_USER`` per user
+  (under the per-user cap), and says ``ready`` once every stream has had its
+  first message; the server's memory is read before and after (``VmRSS`` of this
+  process, which runs the server; the streams' client side lives in the holder,
+  so it is not counted);
+* **with**: the same commits while the N streams stay open;
+* **close**: the holder cancels its streams and exits.
+
+Printed: p50 / p99 of every run; per round, p99 with the streams over the mean
+p99 of the runs without just before and just after it; the median of those
+ratios (``--idle-rounds``, default 3), and the server memory per idle stream
+(the median of the rounds).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from toolkit.bench.driver import BenchError
 HOLDER_CHANNELS = 50
 """Connections the holder spreads its streams over (one HTTP/2 connection each)."""
 STREAMS_PER_USER = 8
-"""Streams per user: half the replica's per-user cap (``MAX_STREAMS_PER_USER``)."""
+"""Streams per user: half the replica's per-user cap (``MC_MAX_STREAMS_PER_USER``, default 16)."""
 WAVE = 250
 """Streams the holder opens at once."""
 READY_TIMEOUT_S = 300.0
@@ -58,17 +64,22 @@ class IdleFigures:
     backend: str
     streams: int
     commits: int
-    p50_without_ms: float
-    p99_without_ms: float
-    p50_with_ms: float
-    p99_with_ms: float
-    p50_after_ms: float
-    p99_after_ms: float
+    rounds: int
+    p50_without_ms: list[float]
+    """One per run without the streams: ``rounds + 1`` of them, in run order."""
+    p99_without_ms: list[float]
+    p50_with_ms: list[float]
+    """One per run with the streams: ``rounds`` of them."""
+    p99_with_ms: list[float]
+    p99_ratios: list[float]
+    """Per round: p99 with the streams over the mean p99 of the runs around it."""
     p99_ratio: float
-    """p99 with the streams over the mean p99 of the two runs without."""
+    """The median of ``p99_ratios``."""
     rss_per_stream_kib: float
+    """The median over the rounds of the server's growth per stream opened."""
     open_s: float
-    """How long the holder took to open every stream and get its first message."""
+    """How long the holder took to open every stream and get its first message
+    (the median of the rounds)."""
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -138,46 +149,57 @@ async def idle_phase(
     client: CommitClient, target: str, backend: str, tenant: str, args: argparse.Namespace
 ) -> IdleFigures:
     streams, count, concurrency = int(args.idle_streams), int(args.idle_commits), args.concurrency
+    rounds = int(args.idle_rounds)
     await client.create_conversation(tenant, "idle", ["a", "b"])
     await _commits(client, tenant, "warm", min(count, 200), concurrency)
-    without = await _commits(client, tenant, "without", count, concurrency)
-    before = rss_kib()
-    started = time.monotonic()
-    holder = Holder(target, tenant, streams)
-    try:
-        await holder.ready()
-        open_s = time.monotonic() - started
-        await asyncio.sleep(SETTLE_S)
-        grown = rss_kib() - before
-        loaded = await _commits(client, tenant, "with", count, concurrency)
-    finally:
-        await asyncio.to_thread(holder.close)
-    await asyncio.sleep(SETTLE_S)  # the server finishes the cancelled streams first
-    after = await _commits(client, tenant, "after", count, concurrency)
-    base = (_quantile(without, 0.99) + _quantile(after, 0.99)) / 2
+    without = [await _commits(client, tenant, "without-0", count, concurrency)]
+    loaded: list[list[float]] = []
+    grown: list[float] = []
+    opened: list[float] = []
+    for r in range(1, rounds + 1):
+        before = rss_kib()
+        started = time.monotonic()
+        holder = Holder(target, tenant, streams)
+        try:
+            await holder.ready()
+            opened.append(time.monotonic() - started)
+            await asyncio.sleep(SETTLE_S)
+            grown.append((rss_kib() - before) / streams)
+            loaded.append(await _commits(client, tenant, f"with-{r}", count, concurrency))
+        finally:
+            await asyncio.to_thread(holder.close)
+        await asyncio.sleep(SETTLE_S)  # the server finishes the cancelled streams first
+        without.append(await _commits(client, tenant, f"without-{r}", count, concurrency))
+    p99_without = [_quantile(run, 0.99) for run in without]
+    p99_with = [_quantile(run, 0.99) for run in loaded]
+    ratios = [w / ((p99_without[i] + p99_without[i + 1]) / 2) for i, w in enumerate(p99_with)]
     return IdleFigures(
         backend=backend,
         streams=streams,
         commits=count,
-        p50_without_ms=round(statistics.median(without), 2),
-        p99_without_ms=round(_quantile(without, 0.99), 2),
-        p50_with_ms=round(statistics.median(loaded), 2),
-        p99_with_ms=round(_quantile(loaded, 0.99), 2),
-        p50_after_ms=round(statistics.median(after), 2),
-        p99_after_ms=round(_quantile(after, 0.99), 2),
-        p99_ratio=round(_quantile(loaded, 0.99) / base, 3),
-        rss_per_stream_kib=round(grown / streams, 2),
-        open_s=round(open_s, 1),
+        rounds=rounds,
+        p50_without_ms=[round(statistics.median(run), 2) for run in without],
+        p99_without_ms=[round(v, 2) for v in p99_without],
+        p50_with_ms=[round(statistics.median(run), 2) for run in loaded],
+        p99_with_ms=[round(v, 2) for v in p99_with],
+        p99_ratios=[round(v, 3) for v in ratios],
+        p99_ratio=round(statistics.median(ratios), 3),
+        rss_per_stream_kib=round(statistics.median(grown), 2),
+        open_s=round(statistics.median(opened), 1),
     )
 
 
 def idle_text(f: IdleFigures) -> str:
+    def runs(values: list[float]) -> str:
+        return " ".join(f"{v}" for v in values)
+
     return (
         f"idle streams ({f.backend}): {f.streams} open in {f.open_s}s;"
-        f" {f.commits} commits per run;"
-        f" p50/p99 ms without {f.p50_without_ms}/{f.p99_without_ms},"
-        f" with {f.p50_with_ms}/{f.p99_with_ms}, after {f.p50_after_ms}/{f.p99_after_ms};"
-        f" p99 with/without {f.p99_ratio}; server memory {f.rss_per_stream_kib} KiB per stream"
+        f" {f.commits} commits per run, {f.rounds} rounds;"
+        f" p99 ms without {runs(f.p99_without_ms)}, with {runs(f.p99_with_ms)}"
+        f" (p50 without {runs(f.p50_without_ms)}, with {runs(f.p50_with_ms)});"
+        f" p99 with/around per round {runs(f.p99_ratios)}, median {f.p99_ratio};"
+        f" server memory {f.rss_per_stream_kib} KiB per stream"
     )
 
 

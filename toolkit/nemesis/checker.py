@@ -1,6 +1,10 @@
 """The project's own checker of a nemesis history (DESIGN §7, over real gRPC).
 
-Per conversation, against its final full-history read (the last read that returned):
+Tenant-wide, the refusal rules (``wrong-refusal``, ``non-member-acked``: ``keys.py``
+with the table of ``outcomes.py``) and ``duplicate-message`` for a key recorded in
+two conversations; per conversation, the reads taken during the run (``stale-read``,
+``last-seq``, ``last-seq-shrank``...: ``reads.py``) and, against its final
+full-history read (the last read invoked, when it returned):
 
 * ``lost-ack``: an ACK whose key is not in the history;
 * ``ack-not-at-seq``: an ACK whose key is in the history at another seq, or with
@@ -10,7 +14,7 @@ Per conversation, against its final full-history read (the last read that return
 * ``duplicate-message``: one key recorded twice;
 * ``ack-mismatch``: two ACKs of one key differ;
 * ``conflict-acked``: a key ACKed to two different requests, or ACKed to a request
-  other than the one its record holds;
+  other than the one its record holds (in this conversation or another);
 * ``refused-took-effect``: a record holding a request that was only ever refused;
 * ``phantom-record``: a record holding a request nobody sent;
 * ``real-time-order``: commit A's ACK returned before commit B (another key) was
@@ -26,43 +30,48 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from toolkit.nemesis import reads
 from toolkit.nemesis.history import Op, Record
+from toolkit.nemesis.keys import Anomaly, Keys
 
-
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    kind: str
-    conversation: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} in {self.conversation}: {self.detail}"
-
+__all__ = ["Anomaly", "check", "summary"]
 
 Key = tuple[str, str]  # (sender, cmid) within one conversation's tenant
 
 
 def check(ops: Iterable[Op]) -> list[Anomaly]:
     """Every anomaly the history shows, conversation by conversation."""
+    every = list(ops)
     by_conversation: dict[tuple[str, str], list[Op]] = defaultdict(list)
-    for op in ops:
+    for op in every:
         by_conversation[(op.tenant, op.conversation)].append(op)
+    finals: dict[tuple[str, str], Op] = {}
+    for where, conv_ops in by_conversation.items():
+        read = [o for o in conv_ops if o.kind == "read"]
+        last = max(read, key=lambda o: o.mono_ns) if read else None
+        if last is not None and last.acked:  # a read during the run never stands in
+            finals[where] = last
+    keys = Keys.build(every, finals.values())
     found: list[Anomaly] = []
     for (tenant, conversation), conv_ops in sorted(by_conversation.items()):
-        found += _Conversation(f"{tenant}/{conversation}", conv_ops).check()
+        name = f"{tenant}/{conversation}"
+        final = finals.get((tenant, conversation))
+        found += _Conversation(name, conv_ops, final, keys).check()
+        found += reads.check(name, conv_ops, final)
+    found += keys.check(every)
+    found += keys.in_two_conversations()
     return found
 
 
 class _Conversation:
-    def __init__(self, name: str, ops: list[Op]) -> None:
+    def __init__(self, name: str, ops: list[Op], final: Op | None, keys: Keys) -> None:
         self.name = name
+        self.keys = keys
         self.commits = [o for o in ops if o.kind == "commit"]
         self.resumes = [o for o in ops if o.kind == "resume"]
-        reads = [o for o in ops if o.kind == "read" and o.acked]
-        self.final = max(reads, key=lambda o: o.mono_ns) if reads else None
-        self.unfinished_ops = [o for o in ops if o.done is None]
+        self.final = final
+        self.unfinished_ops = [o for o in ops if o.done is None and o.kind != "create"]
         self.anomalies: list[Anomaly] = []
 
     def flag(self, kind: str, detail: str) -> None:
@@ -119,8 +128,13 @@ class _Conversation:
                 if earlier.digest != op.digest:
                     self.flag("conflict-acked", f"key {key} ACKed to two different requests")
             held = by_key.get(key)
+            elsewhere = self.keys.elsewhere(op.tenant, op.conversation, *key)
+            if elsewhere:
+                where = ", ".join(elsewhere)
+                self.flag("conflict-acked", f"key {key} ACKed here, recorded in {where}")
             if not held:
-                self.flag("lost-ack", f"key {key} ACKed at seq {done.seq}, not in history")
+                if not elsewhere:
+                    self.flag("lost-ack", f"key {key} ACKed at seq {done.seq}, not in history")
                 continue
             record = held[0]
             if (record.seq, record.message_id, record.server_ts_ms) != (

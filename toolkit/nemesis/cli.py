@@ -15,9 +15,9 @@ line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0, and a
 a scheduled fault never began (the load outlasts --duration while faults remain, up to
 an overrun) or could not start, or the conversations could not be created.
 
-``--sabotage identity`` runs the replicas from a copy of this checkout whose identity
-comparison always matches (``sabotage.py``; the service itself has no such switch),
-to show that both checkers catch a broken build.
+``--sabotage MODE`` runs the replicas from a copy of this checkout broken in one way
+(``sabotage.py``; the service itself has no such switch), one mode per rule of the
+checkers, to show that they catch a broken build. Modes:
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from service.domain.errors import CommitError
 from toolkit.nemesis import checker, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
 from toolkit.nemesis.replicas import REPO, Replica, supports
-from toolkit.nemesis.sabotage import SabotageError, broken_build
+from toolkit.nemesis.sabotage import MODES, SabotageError, broken_build, describe
 from toolkit.nemesis.schedule import MIN_FAULT_S, Fault, FaultKind, make_schedule
 from toolkit.nemesis.topology import RedisTopology, ScyllaTopology, Topology
 from toolkit.nemesis.toxiproxy import ToxiproxyError, ToxiproxyServer
@@ -59,7 +59,8 @@ READY_TIMEOUT_S = 90.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="message-committer nemesis", description=__doc__,
+    p = argparse.ArgumentParser(prog="message-committer nemesis",
+                                description=f"{__doc__}{describe()}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--backend", choices=["redis", "scylla"], required=True)
     p.add_argument("--schedules", type=int, default=1)
@@ -77,7 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         help="replicas an ACK waits for (MC_REDIS_WAIT_REPLICAS of every serve); default: theirs",
     )
     p.add_argument("--faults", default="", help="comma-separated fault kinds (default: all)")
-    p.add_argument("--sabotage", choices=["identity"], default=None)
+    p.add_argument(
+        "--sabotage",
+        choices=sorted(MODES),
+        default=None,
+        help="run the replicas from a deliberately broken copy (sabotage.py); the run must"
+        " report anomalies",
+    )
     p.add_argument("--keep-dir", type=Path, default=None, help="keep histories and logs here")
     return p
 
@@ -188,7 +195,11 @@ class Nemesis:
                             break
                     await asyncio.sleep(0.5)
 
-    async def create_conversations(self, tenant: str) -> list[str]:
+    async def create_conversations(
+        self, tenant: str, history: HistoryWriter | None = None
+    ) -> list[str]:
+        """Create the run's conversations (members: ``SENDERS``), each recorded in
+        ``history`` so the checkers know who may send."""
         names = [f"conv{i}" for i in range(self.args.conversations)]
         async with CommitClient.connect(self.replicas[0].target, retry=NO_RETRY) as client:
             for name in names:
@@ -204,14 +215,16 @@ class Nemesis:
                     raise NemesisError(
                         f"conversation {name} could not be created in {CREATE_TRIES} tries"
                     )
+                if history is not None:
+                    history.create(tenant, name, SENDERS)
         return names
 
     async def schedule(self, seed: int) -> tuple[int, int]:
         a = self.args
         tenant = f"nemesis-{seed}-{uuid.uuid4().hex[:6]}"
-        conversations = await self.create_conversations(tenant)
         path = self.work / f"schedule-{seed}.jsonl"
         history = HistoryWriter(path)
+        conversations = await self.create_conversations(tenant, history)
         faults = make_schedule(seed, self.kinds(), a.duration, a.max_fault_seconds)
         print(f"schedule seed {seed}: {len(faults)} faults", flush=True)
         for f in faults:
@@ -255,7 +268,9 @@ class Nemesis:
             f"  ops {sum(counts.get(k, 0) for k in ('acks', 'unknown')) + _errors(counts)}:"
             f" acks {counts.get('acks', 0)}, unknown {counts.get('unknown', 0)},"
             f" errors {_errors(counts)}, retries {counts.get('retries', 0)},"
-            f" replays {counts.get('replays', 0)}, conflicts {counts.get('conflicts', 0)};"
+            f" replays {counts.get('replays', 0)}, conflicts {counts.get('conflicts', 0)},"
+            f" non-member sends {counts.get('non-member sends', 0)},"
+            f" reads {counts.get('reads', 0)};"
             f" recovered {settled['recovered']}, probes {settled['probes']}",
             flush=True,
         )

@@ -7,14 +7,19 @@ Lines (every line has ``type``, ``wall_ms`` and ``mono_ns``; ``op`` ids are uniq
   recovery, probes a key with ResumeExisting); ``digest`` is ``request_digest`` of the
   request, so a record read back can be compared with what was sent.
 * ``{"type": "invoke", "op", "process", "kind": "read", "tenant", "conversation"}``:
-  the full-history read of one conversation (after heal and recovery).
+  a full-history read of one conversation (paged, forward), during the run and, the
+  last one, after heal and recovery.
+* ``{"type": "invoke", "op", "process": 0, "kind": "create", "tenant", "conversation",
+  "members": [...]}``: the conversation's creation (before the load; the members never
+  change during a run), so the checkers know who may send.
 * ``{"type": "complete", "op", "outcome": "ok", "seq", "message_id", "server_ts_ms"}``
   (a commit's or resume's ACK), ``{"outcome": "ok", "records": [...], "last_seq"}``
-  (a read; each record has seq, message_id, sender, cmid, digest, server_ts_ms),
-  ``{"outcome": "error", "code", "reason"}`` (a definite refusal: nothing was
-  written for this request), ``{"outcome": "unknown", "reason"}`` (a timeout or an
-  UNAVAILABLE after the last retry: it may take effect later) or ``{"outcome":
-  "not_found"}`` (a resume of a key that was never reserved).
+  (a read; each record has seq, message_id, sender, cmid, digest, server_ts_ms;
+  ``last_seq`` is the last page's), ``{"outcome": "error", "code", "reason"}`` (a
+  definite refusal: nothing was written for this request), ``{"outcome": "unknown",
+  "reason"}`` (a status of ``outcomes.UNKNOWN_OUTCOME``, after the last retry for the
+  retryable ones: it may take effect later) or ``{"outcome": "not_found"}`` (a resume
+  of a key that was never reserved).
 * ``{"type": "fault", "name", "target", "phase": "start" | "failed" | "end"}``: what the nemesis
   did; checkers ignore these lines.
 
@@ -35,7 +40,7 @@ from typing import IO, Any, Literal
 
 from service.domain.model import AuthenticatedSend, MessageContent
 
-Kind = Literal["commit", "resume", "read"]
+Kind = Literal["commit", "resume", "read", "create"]
 Outcome = Literal["ok", "error", "unknown", "not_found"]
 
 
@@ -101,6 +106,7 @@ class Completion:
     code: str = ""
     reason: str = ""
     records: tuple[Record, ...] = ()
+    last_seq: int = 0
 
 
 @dataclass(slots=True)
@@ -117,6 +123,7 @@ class Op:
     cmid: str = ""
     digest: str = ""
     done: Completion | None = None
+    members: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -155,6 +162,15 @@ class HistoryWriter:
             op = self._next
         line: dict[str, Any] = {"type": "invoke", "op": op, "process": process, "kind": kind}
         self._write({**line, "tenant": tenant, "conversation": conversation, **key})
+        return op
+
+    def create(self, tenant: str, conversation: str, members: Iterable[str]) -> int:
+        """Record a conversation's creation with its members; returns its op id."""
+        with self._lock:
+            self._next += 1
+            op = self._next
+        line = {"type": "invoke", "op": op, "process": 0, "kind": "create", "tenant": tenant}
+        self._write({**line, "conversation": conversation, "members": list(members)})
         return op
 
     def ok(self, op: int, seq: int, message_id: str, server_ts_ms: int) -> None:
@@ -211,6 +227,7 @@ def load(lines: Iterable[dict[str, Any]]) -> list[Op]:
                 sender=line.get("sender", ""),
                 cmid=line.get("cmid", ""),
                 digest=line.get("digest", ""),
+                members=tuple(line.get("members", ())),
             )
         elif line["type"] == "complete":
             ops[line["op"]].done = Completion(
@@ -222,6 +239,7 @@ def load(lines: Iterable[dict[str, Any]]) -> list[Op]:
                 code=line.get("code", ""),
                 reason=line.get("reason", ""),
                 records=tuple(Record(**r) for r in line.get("records", ())),
+                last_seq=line.get("last_seq", 0),
             )
     return list(ops.values())
 

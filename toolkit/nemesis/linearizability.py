@@ -4,7 +4,8 @@ The checker is the small Go program in ``toolkit/nemesis/porcupine/`` (its own
 ``go.mod``; porcupine comes from the Go module proxy). ``build`` compiles it once per
 source version into a cache directory (``~/.cache/message-committer/nemesis`` unless
 ``MC_NEMESIS_CACHE`` says otherwise); ``run`` checks one history file and returns the
-number of non-linearizable conversations it reported.
+number of non-linearizable conversations it reported. The refusal classes it
+allows come from ``outcomes.REFUSALS`` (``-refusals``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from toolkit.nemesis import outcomes
 
 SOURCE = Path(__file__).resolve().parent / "porcupine"
 BUILD_TIMEOUT_S = 300.0
@@ -68,6 +71,7 @@ def build(cache: Path | None = None) -> Path:
 def run(history: Path, html: Path | None = None, timeout_s: float = 120.0) -> PorcupineResult:
     """Check ``history``; ``html`` gets the visualisation of the first failing conversation."""
     args = [str(build()), "-history", str(history), "-timeout", f"{timeout_s:.0f}s"]
+    args += ["-refusals", outcomes.go_table()]
     if html is not None:
         args += ["-html", str(html)]
     result = subprocess.run(

@@ -6,9 +6,18 @@ checkout into the run's work directory and edits the copy; the replicas then
 run ``python -m service.cli`` from there, so the copy shadows the installed
 packages. The checkout itself is never changed.
 
-``identity``: a reserve treats every stored identity as this send's, so a
-conflicting reuse of a committed key is answered with the original ACK (and a
-lost duplicate can take another send's coordinates): both checkers must report it.
+One mode per rule of the checkers (``MODES``; ``nemesis --help`` lists them), each
+of which a run must catch:
+
+* ``identity``: a reserve treats every stored identity as this send's, so a
+  conflicting reuse of a committed key is answered with the original ACK
+  (``conflict-acked``);
+* ``changed-replay``: a replay of a committed key answers seq + 1 (``ack-mismatch``,
+  ``ack-not-at-seq``);
+* ``wrong-refusal``: a conflict is refused FAILED_PRECONDITION instead of
+  ALREADY_EXISTS (``wrong-refusal``: the table of ``outcomes.py``);
+* ``stale-read``: History leaves out the record at ``last_seq``, the newest message
+  (``stale-read`` during the run, ``lost-ack`` at the end).
 """
 
 from __future__ import annotations
@@ -28,13 +37,69 @@ class Edit:
     broken: str
 
 
-EDITS: dict[str, Edit] = {
-    "identity": Edit(
-        "service/domain/model.py",
-        "        return identity.matches(self, stored)\n",
-        "        return True  # nemesis --sabotage identity: every stored identity matches\n",
+@dataclass(frozen=True, slots=True)
+class Mode:
+    what: str
+    edits: tuple[Edit, ...]
+
+
+_REPLAY = '            self._observer.outcome("replayed")\n'
+_REPLAYED = "__import__('dataclasses').replace({0}, seq={0}.seq + 1)  # nemesis --sabotage"
+MODES: dict[str, Mode] = {
+    "identity": Mode(
+        "every stored identity matches: a conflicting request gets the original ACK",
+        (
+            Edit(
+                "service/domain/model.py",
+                "        return identity.matches(self, stored)\n",
+                "        return True  # nemesis --sabotage identity: every identity matches\n",
+            ),
+        ),
+    ),
+    "changed-replay": Mode(
+        "a replay of a committed key is answered with seq + 1",
+        (
+            Edit(
+                "service/domain/committer.py",
+                f"{_REPLAY}            return result.message\n",
+                f"{_REPLAY}            return {_REPLAYED.format('result.message')}\n",
+            ),
+            Edit(
+                "service/domain/committer.py",
+                "            return loaded.message\n        if isinstance(loaded, InProgress):\n",
+                "            return "
+                + _REPLAYED.format("loaded.message")
+                + "\n        if isinstance(loaded, InProgress):\n",
+            ),
+        ),
+    ),
+    "wrong-refusal": Mode(
+        "a conflict is refused FAILED_PRECONDITION instead of ALREADY_EXISTS",
+        (
+            Edit(
+                "service/api/errors.py",
+                "IdempotencyConflict: StatusRule(grpc.StatusCode.ALREADY_EXISTS,",
+                "IdempotencyConflict: StatusRule(grpc.StatusCode.FAILED_PRECONDITION,",
+            ),
+        ),
+    ),
+    "stale-read": Mode(
+        "History leaves out the record at last_seq (the newest message)",
+        (
+            Edit(
+                "service/domain/history.py",
+                "        records.append(record)\n        used += size\n",
+                "        if record.seq != last_seq:  # nemesis --sabotage stale-read\n"
+                "            records.append(record)\n        used += size\n",
+            ),
+        ),
     ),
 }
+
+
+def describe() -> str:
+    """The modes, one a line, for ``--help``."""
+    return "\n".join(f"  {name}: {mode.what}" for name, mode in MODES.items())
 
 
 class SabotageError(RuntimeError):
@@ -43,18 +108,18 @@ class SabotageError(RuntimeError):
 
 def broken_build(repo: Path, work: Path, kind: str) -> Path:
     """A copy of ``repo``'s packages under ``work`` with sabotage ``kind`` applied."""
-    edit = EDITS[kind]
     root = work / f"broken-build-{kind}"
     if root.exists():
         shutil.rmtree(root)
     for package in PACKAGES:
         shutil.copytree(repo / package, root / package, ignore=IGNORE)
-    target = root / edit.path
-    source = target.read_text()
-    if source.count(edit.original) != 1:
-        raise SabotageError(
-            f"--sabotage {kind}: {edit.path} no longer has the line it breaks; update"
-            " toolkit/nemesis/sabotage.py"
-        )
-    target.write_text(source.replace(edit.original, edit.broken))
+    for edit in MODES[kind].edits:
+        target = root / edit.path
+        source = target.read_text()
+        if source.count(edit.original) != 1:
+            raise SabotageError(
+                f"--sabotage {kind}: {edit.path} no longer has the line it breaks; update"
+                " toolkit/nemesis/sabotage.py"
+            )
+        target.write_text(source.replace(edit.original, edit.broken))
     return root

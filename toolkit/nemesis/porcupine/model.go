@@ -4,8 +4,11 @@
 // (seq, message id, server time) with the identity digest of the request that
 // took it. A commit of a new key must get a seq greater than every seq handed out
 // so far; a repeat of a key must get the identical ACK for the identical request;
-// a conflicting request (same key, other digest) is refused and never ACKed. A read
-// returns exactly the committed keys with their ACKs.
+// a conflicting request (same key, other digest, or the key held in another
+// conversation) is refused as a conflict and never ACKed; a non-member's send is
+// refused as such and never ACKed; no other definite refusal is ever right (the
+// classes come from toolkit/nemesis/outcomes.py). A read returns exactly the
+// committed keys with their ACKs.
 package main
 
 import (
@@ -25,18 +28,29 @@ type Ack struct {
 	Digest   string
 }
 
+// Where else a key is held (from the other conversations' final reads; keys are
+// tenant-wide).
+const (
+	NotElsewhere    = 0 // no other conversation holds the key
+	ElsewhereBefore = 1 // another request holds it there, sent before this call returned
+	ElsewhereLater  = 2 // another request holds it there, first sent after this call returned
+)
+
 // Input of an operation: a commit of Key (with the request's Digest), or a read.
 type Input struct {
-	Kind   string // "commit" or "read"
-	Key    string
-	Digest string
+	Kind      string // "commit" or "read"
+	Key       string
+	Digest    string
+	Member    bool // the sender is a member of the conversation
+	Elsewhere int
 }
 
 // Output of an operation.
 //
 // Commit: Outcome "ok" (with Ack), "conflict" (refused: the key holds another
-// request) or "failed" (refused before anything was written). Read: "ok" with
-// Records, every key of the conversation and its ACK.
+// request), "not-member" (refused: the sender is not a member) or "refused" (any
+// other definite refusal, which is never right). Read: "ok" with Records, every key
+// of the conversation and its ACK.
 type Output struct {
 	Outcome string
 	Ack     Ack
@@ -58,8 +72,12 @@ func step(s interface{}, in interface{}, out interface{}) (bool, interface{}) {
 		return sameKeys(st.Keys, o.Records), st
 	case "commit":
 		held, exists := st.Keys[i.Key]
+		other := (exists && held.Digest != i.Digest) || i.Elsewhere == ElsewhereBefore
 		switch o.Outcome {
 		case "ok":
+			if !i.Member || i.Elsewhere != NotElsewhere {
+				return false, st
+			}
 			if exists {
 				return held == o.Ack && held.Digest == i.Digest, st
 			}
@@ -68,9 +86,9 @@ func step(s interface{}, in interface{}, out interface{}) (bool, interface{}) {
 			}
 			return true, st.with(i.Key, o.Ack)
 		case "conflict":
-			return exists && held.Digest != i.Digest, st
-		case "failed":
-			return true, st
+			return other, st
+		case "not-member":
+			return !i.Member && !other, st
 		}
 	}
 	return false, st

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from service.gen.message_committer.v1 import committer_pb2 as message__committer_dot_v1_dot_committer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"message_committer/v1/mailbox.proto\x12\x14message_committer.v1\x1a$message_committer/v1/committer.proto\"9\n\rMailboxCursor\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"\x82\x01\n\x0bSyncRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x33\n\x06\x63ursor\x18\x03 \x01(\x0b\x32#.message_committer.v1.MailboxCursor\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\"D\n\x0cMessageAdded\x12\x34\n\x07message\x18\x01 \x01(\x0b\x32#.message_committer.v1.MessageRecord\"\x8c\x01\n\x0cMailboxEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08group_id\x18\x02 \x01(\x04\x12;\n\rmessage_added\x18\x03 \x01(\x0b\x32\".message_committer.v1.MessageAddedH\x00\x12\x17\n\x0f\x64\x65livered_ts_ms\x18\x04 \x01(\x03\x42\x07\n\x05\x65vent\"\xb0\x01\n\x0cSyncResponse\x12\x32\n\x06\x65vents\x18\x01 \x03(\x0b\x32\".message_committer.v1.MailboxEvent\x12\x38\n\x0bnext_cursor\x18\x02 \x01(\x0b\x32#.message_committer.v1.MailboxCursor\x12\x0c\n\x04more\x18\x03 \x01(\x08\x12\x16\n\x0etrim_watermark\x18\x04 \x01(\x04\x12\x0c\n\x04head\x18\x05 \x01(\x04\"K\n\x10SubscribeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x19\n\x11heartbeat_seconds\x18\x03 \x01(\r\"7\n\x0bMailboxHint\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"#\n\tHeartbeat\x12\x16\n\x0eserver_time_ms\x18\x01 \x01(\x03\"\x84\x01\n\x11SubscribeResponse\x12\x31\n\x04hint\x18\x01 \x01(\x0b\x32!.message_committer.v1.MailboxHintH\x00\x12\x34\n\theartbeat\x18\x02 \x01(\x0b\x32\x1f.message_committer.v1.HeartbeatH\x00\x42\x06\n\x04kind2\xbf\x01\n\x0eMailboxService\x12M\n\x04Sync\x12!.message_committer.v1.SyncRequest\x1a\".message_committer.v1.SyncResponse\x12^\n\tSubscribe\x12&.message_committer.v1.SubscribeRequest\x1a\'.message_committer.v1.SubscribeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"message_committer/v1/mailbox.proto\x12\x14message_committer.v1\x1a$message_committer/v1/committer.proto\"9\n\rMailboxCursor\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"\x82\x01\n\x0bSyncRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x33\n\x06\x63ursor\x18\x03 \x01(\x0b\x32#.message_committer.v1.MailboxCursor\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\"D\n\x0cMessageAdded\x12\x34\n\x07message\x18\x01 \x01(\x0b\x32#.message_committer.v1.MessageRecord\"\xc0\x01\n\x0cMailboxEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08group_id\x18\x02 \x01(\x04\x12;\n\rmessage_added\x18\x03 \x01(\x0b\x32\".message_committer.v1.MessageAddedH\x00\x12\x32\n\x08withheld\x18\x05 \x01(\x0b\x32\x1e.message_committer.v1.WithheldH\x00\x12\x17\n\x0f\x64\x65livered_ts_ms\x18\x04 \x01(\x03\x42\x07\n\x05\x65vent\"\n\n\x08Withheld\"\xb0\x01\n\x0cSyncResponse\x12\x32\n\x06\x65vents\x18\x01 \x03(\x0b\x32\".message_committer.v1.MailboxEvent\x12\x38\n\x0bnext_cursor\x18\x02 \x01(\x0b\x32#.message_committer.v1.MailboxCursor\x12\x0c\n\x04more\x18\x03 \x01(\x08\x12\x16\n\x0etrim_watermark\x18\x04 \x01(\x04\x12\x0c\n\x04head\x18\x05 \x01(\x04\"K\n\x10SubscribeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x19\n\x11heartbeat_seconds\x18\x03 \x01(\r\"7\n\x0bMailboxHint\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"#\n\tHeartbeat\x12\x16\n\x0eserver_time_ms\x18\x01 \x01(\x03\"\x84\x01\n\x11SubscribeResponse\x12\x31\n\x04hint\x18\x01 \x01(\x0b\x32!.message_committer.v1.MailboxHintH\x00\x12\x34\n\theartbeat\x18\x02 \x01(\x0b\x32\x1f.message_committer.v1.HeartbeatH\x00\x42\x06\n\x04kind2\xbf\x01\n\x0eMailboxService\x12M\n\x04Sync\x12!.message_committer.v1.SyncRequest\x1a\".message_committer.v1.SyncResponse\x12^\n\tSubscribe\x12&.message_committer.v1.SubscribeRequest\x1a\'.message_committer.v1.SubscribeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,17 +39,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGEADDED']._serialized_start=290
   _globals['_MESSAGEADDED']._serialized_end=358
   _globals['_MAILBOXEVENT']._serialized_start=361
-  _globals['_MAILBOXEVENT']._serialized_end=501
-  _globals['_SYNCRESPONSE']._serialized_start=504
-  _globals['_SYNCRESPONSE']._serialized_end=680
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=682
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=757
-  _globals['_MAILBOXHINT']._serialized_start=759
-  _globals['_MAILBOXHINT']._serialized_end=814
-  _globals['_HEARTBEAT']._serialized_start=816
-  _globals['_HEARTBEAT']._serialized_end=851
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=854
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=986
-  _globals['_MAILBOXSERVICE']._serialized_start=989
-  _globals['_MAILBOXSERVICE']._serialized_end=1180
+  _globals['_MAILBOXEVENT']._serialized_end=553
+  _globals['_WITHHELD']._serialized_start=555
+  _globals['_WITHHELD']._serialized_end=565
+  _globals['_SYNCRESPONSE']._serialized_start=568
+  _globals['_SYNCRESPONSE']._serialized_end=744
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=746
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=821
+  _globals['_MAILBOXHINT']._serialized_start=823
+  _globals['_MAILBOXHINT']._serialized_end=878
+  _globals['_HEARTBEAT']._serialized_start=880
+  _globals['_HEARTBEAT']._serialized_end=915
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=918
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1050
+  _globals['_MAILBOXSERVICE']._serialized_start=1053
+  _globals['_MAILBOXSERVICE']._serialized_end=1244
 # @@protoc_insertion_point(module_scope)

@@ -151,6 +151,7 @@ class MailboxEvent(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ADDED_FIELD_NUMBER: _builtins.int
+    WITHHELD_FIELD_NUMBER: _builtins.int
     DELIVERED_TS_MS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Its seq in the lane's epoch (strictly increasing, no gaps in an epoch)."""
@@ -164,23 +165,49 @@ class MailboxEvent(_message.Message):
     def message_added(self) -> Global___MessageAdded:
         """A message was added to a conversation the user belongs to."""
 
+    @_builtins.property
+    def withheld(self) -> Global___Withheld:
+        """An entry of a big conversation's lane that this reader may not read: it
+        was committed while the reader was not a member (DESIGN §10, one reading
+        rule for every lane). Its seq is applied; nothing is added. A client that
+        does not know this kind treats it the same way.
+        """
+
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         group_id: _builtins.int = ...,
         message_added: Global___MessageAdded | None = ...,
+        withheld: Global___Withheld | None = ...,
         delivered_ts_ms: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message_added", b"message_added"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message_added", b"message_added", "withheld", b"withheld"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_ts_ms", b"delivered_ts_ms", "event", b"event", "group_id", b"group_id", "message_added", b"message_added", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_ts_ms", b"delivered_ts_ms", "event", b"event", "group_id", b"group_id", "message_added", b"message_added", "seq", b"seq", "withheld", b"withheld"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["message_added"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["message_added", "withheld"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___MailboxEvent: _TypeAlias = MailboxEvent  # noqa: Y015
+
+@_typing.final
+class Withheld(_message.Message):
+    """An entry the reader may not read (see MailboxEvent.withheld); carries nothing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Withheld: _TypeAlias = Withheld  # noqa: Y015
 
 @_typing.final
 class SyncResponse(_message.Message):
