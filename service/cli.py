@@ -71,6 +71,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "toolkit.nemesis.cli",
         "faults on replicas and a clustered backend, checked by two history checkers",
     ),
+    "delivery-soak": (
+        "toolkit.soak.cli",
+        "deliver under failovers, kills and skewed clocks, then check every mailbox",
+    ),
     "chat": ("client.chat", "a terminal chat on the client runtime (seed 001)"),
     "client-campaign": (
         "toolkit.client_campaign.cli",

@@ -1,0 +1,1 @@
+"""``message-committer delivery-soak``: delivery under failovers and skewed clocks."""
