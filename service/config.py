@@ -185,7 +185,7 @@ class ServiceConfig:
 
     max_streams: int = DEFAULT_MAX_STREAMS
     """Server streams (Subscribe) served at once, apart from unary RPCs; more are rejected
-    with RESOURCE_EXHAUSTED. An idle stream costs about 28 KiB of server memory."""
+    with RESOURCE_EXHAUSTED. An idle stream costs about 19 KiB of server memory."""
 
     max_streams_per_user: int = 16
     """Server streams one (tenant, user) may hold at once on one replica."""
