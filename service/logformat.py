@@ -113,6 +113,9 @@ def configure(level: str, log_format: str, trace_ids: TraceIds | None = None) ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # redis-py (8.2 on) logs each failed connection at DEBUG with the server's host
+    # and port; the backend reports every failure by error type alone.
+    logging.getLogger("redis").setLevel(logging.CRITICAL)
     if log_format == "json":
         logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger
         sys.excepthook = _log_uncaught

@@ -88,9 +88,9 @@ MODES: dict[str, Mode] = {
         (
             Edit(
                 "service/domain/history.py",
-                "        records.append(record)\n        used += size\n",
-                "        if record.seq != last_seq:  # nemesis --sabotage stale-read\n"
-                "            records.append(record)\n        used += size\n",
+                "            records.append(record)\n            used += size\n",
+                "            if record.seq != last_seq:  # nemesis --sabotage stale-read\n"
+                "                records.append(record)\n            used += size\n",
             ),
         ),
     ),
