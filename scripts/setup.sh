@@ -28,9 +28,13 @@ if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# The runtime dependencies come from requirements.lock (exact versions and hashes, as the
+# image installs them), so the tests run what production runs; the project and its dev
+# tools install on top, and pip keeps the locked versions because they satisfy its ranges.
+stamp=.venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q --require-hashes --only-binary=:all: -r requirements.lock
   .venv/bin/pip install -q -e '.[dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
