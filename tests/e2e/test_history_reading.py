@@ -21,52 +21,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from backends.memory import open_memory_backend
-from service.bootstrap import build_server
-from service.client import CommitClient
 from service.domain.errors import ConversationNotFound, NotAMember
 from service.domain.model import Direction, HistoryPage, HistoryQuery
-from service.domain.ports import Backend
-from tests.e2e.conftest import BASE_CONFIG, FAST_RETRY
-from tests.support import send, unique
+from tests.e2e.conftest import BASE_CONFIG
+from tests.e2e.product import BACKENDS, Product, open_product
+from tests.support import send
 
 pytestmark = pytest.mark.e2e
 
 CONV = "c1"
 
 
-@dataclass
-class Product:
-    client: CommitClient
-    tenant: str
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.memory),
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("scylla", marks=pytest.mark.scylla),
-    ]
-)
+@pytest.fixture(params=BACKENDS)
 async def product(request: pytest.FixtureRequest) -> AsyncIterator[Product]:
-    harness = None
-    if request.param == "memory":
-        backend: Backend = open_memory_backend()
-    else:
-        harness = request.getfixturevalue(f"{request.param}_harness")
-        backend = await harness.open()
-    server = build_server(BASE_CONFIG, backend)
-    await server.start()
-    client = CommitClient.connect(f"127.0.0.1:{server.grpc_port}", retry=FAST_RETRY)
-    try:
-        yield Product(client, unique("t"))
-    finally:
-        await client.close()
-        await server.stop(grace_s=0.5)
-        if harness is not None:
-            await harness.close_all()
-        else:
-            await backend.close()
+    async with open_product(request, BASE_CONFIG) as product:
+        yield product
 
 
 async def _commit(p: Product, cmid: str) -> None:

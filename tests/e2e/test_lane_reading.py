@@ -16,23 +16,16 @@ runs inside it, Redis's and Scylla's is a ``RelayRunner`` beside it (as
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
-from backends.memory import open_memory_backend
-from service.bootstrap import build_server
-from service.client import CommitClient
 from service.domain.errors import ConversationNotFound, NotAMember
 from service.domain.mailbox import MailboxCursor, MailboxPage
-from service.domain.ports import Backend
-from service.relay import RelayRunner
-from service.relay_metrics import RelayMetrics
-from tests.e2e.conftest import BASE_CONFIG, FAST_RETRY, eventually
-from tests.support import send, unique
+from tests.e2e.conftest import BASE_CONFIG, eventually
+from tests.e2e.product import BACKENDS, Product, open_product
+from tests.support import send
 
 pytestmark = pytest.mark.e2e
 
@@ -40,50 +33,11 @@ BIG = "big"
 LANE = MailboxCursor(f"conversation:{BIG}")
 
 
-@dataclass
-class Product:
-    client: CommitClient
-    tenant: str
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.memory),
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("scylla", marks=pytest.mark.scylla),
-    ]
-)
+@pytest.fixture(params=BACKENDS)
 async def product(request: pytest.FixtureRequest) -> AsyncIterator[Product]:
-    harness = None
-    if request.param == "memory":
-        backend: Backend = open_memory_backend()
-    else:
-        harness = request.getfixturevalue(f"{request.param}_harness")
-        backend = await harness.open()
     config = replace(BASE_CONFIG, fanout_threshold=2, relay_idle_wait=0.05)
-    server = build_server(config, backend)
-    stop = asyncio.Event()
-    relay_task = None
-    if server.relay is None:  # a shared backend: its relay is a process of its own
-        relay = RelayRunner(
-            backend, policy=config.relay_policy(), idle_wait_s=0.05, metrics=RelayMetrics()
-        )
-        relay_task = asyncio.create_task(relay.run(stop))
-    await server.start()
-    client = CommitClient.connect(f"127.0.0.1:{server.grpc_port}", retry=FAST_RETRY)
-    try:
-        yield Product(client, unique("t"))
-    finally:
-        stop.set()
-        if relay_task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(relay_task, 10)
-        await client.close()
-        await server.stop(grace_s=0.5)
-        if harness is not None:
-            await harness.close_all()
-        else:
-            await backend.close()
+    async with open_product(request, config, relay=True) as product:
+        yield product
 
 
 async def _commit(p: Product, cmid: str, *, sender: str = "u1") -> None:
