@@ -43,6 +43,10 @@ class BackendClock:
     def now_ms(self) -> int:
         return self._replica.now_ms() + self.offset_ms
 
+    def last_offset_ms(self) -> float | None:
+        """The offset in use, None before the first measurement (for the metrics)."""
+        return self.offset_ms if self.synced else None
+
     async def sync(self, samples: int = SAMPLES) -> int:
         """Measure the offset now; returns it (raises what the backend raised)."""
         best: tuple[float, int] | None = None

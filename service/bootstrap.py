@@ -193,10 +193,15 @@ def build_server(
     """Wire one replica: metrics, the instrumented (and, tracing on, traced) store,
     the committer, the server."""
     clock = clock or SystemClock()
-    if backend.server_time is not None:  # the backend's clock decides, not this replica's
-        clock = BackendClock(clock, backend.server_time)
     metrics = ServiceMetrics()
     metrics.describe_backend(backend.name, backend.durable, backend.requests, backend.events)
+    if backend.server_time is not None:  # the backend's clock decides, not this replica's
+        clock = BackendClock(clock, backend.server_time)
+        metrics.watch_clock_offset(clock.last_offset_ms)
+    elif backend.clock_offset_ms is not None:
+        metrics.watch_clock_offset(backend.clock_offset_ms)
+    else:  # an in-process backend: its clock is this replica's
+        metrics.watch_clock_offset(lambda: 0.0)
     backend = tracing.wrap_backend(backend)
     store = instrument(backend.store, metrics, tracing.store_span(backend.name))
     committer = MessageCommitter(

@@ -185,6 +185,22 @@ class ServiceMetrics:
         if events is not None:
             self.registry.register(backend_events(events))
 
+    def watch_clock_offset(self, offset_ms: Callable[[], float | None]) -> None:
+        """``message_committer_backend_clock_offset_seconds``: the backend's clock minus
+        this replica's as last measured, read at scrape time (NaN before the first
+        measurement)."""
+        gauge = Gauge(
+            "message_committer_backend_clock_offset_seconds",
+            "The backend's clock minus this replica's, as last measured (NaN before).",
+            registry=self.registry,
+        )
+
+        def seconds() -> float:
+            value = offset_ms()
+            return float("nan") if value is None else value / 1000
+
+        gauge.set_function(seconds)
+
 
 def backend_events(events: _Counter[str]) -> BackendRequestsCollector:
     """``message_committer_backend_events_total{kind}``: what a backend noticed about

@@ -160,6 +160,7 @@ async def open_scylla_backend(
         events=events,
         tls=tls,
     )
+    last_offset = skew.LastOffset()
     try:
         require_version(await schema_version(cql))
         await require_no_tablets(cql)
@@ -178,7 +179,7 @@ async def open_scylla_backend(
                 **abandon.STATEMENTS,
             }
         )
-        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_OPEN)
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_OPEN, last_offset)
         ports = await open_delivery(cql, namespace, clock, delivery or DeliverySettings())
     except BaseException:
         await cql.close()
@@ -187,10 +188,10 @@ async def open_scylla_backend(
     async def readiness() -> None:
         rows = await cql.read("schema.version", (SCHEMA_SCOPE,))
         require_version(int(rows[0]["version"]) if rows else None)
-        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS, last_offset)
 
     async def clock_guard() -> None:
-        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS)
+        await skew.check(cql, clock, max_clock_skew_ms, skew.SAMPLES_AT_READINESS, last_offset)
 
     commit_ttl_s = ttl_s(settings.idempotency_window_ms, TTL_SLACK_S)
     # A seq reservation must never outlive a committed intent (see sequence).
@@ -220,4 +221,5 @@ async def open_scylla_backend(
         requests=requests,
         events=events,
         delivery=ports,
+        clock_offset_ms=last_offset,
     )

@@ -61,12 +61,32 @@ async def measure(cql: CqlSession, clock: Clock, samples: int) -> ClockOffset:
     return best
 
 
-async def check(cql: CqlSession, clock: Clock, bound_ms: int | None, samples: int) -> None:
+@dataclass(slots=True)
+class LastOffset:
+    """The offset the last check measured (ms, cluster minus replica); None before
+    the first. Called by the metrics at scrape time."""
+
+    offset_ms: float | None = None
+
+    def __call__(self) -> float | None:
+        return self.offset_ms
+
+
+async def check(
+    cql: CqlSession,
+    clock: Clock,
+    bound_ms: int | None,
+    samples: int,
+    last: LastOffset | None = None,
+) -> None:
     """Raise StoreMisconfigured when this replica's clock is beyond ``bound_ms``
-    (None: not checked; for tests that drive time with a manual clock)."""
+    (None: not checked; for tests that drive time with a manual clock). ``last``
+    keeps what was measured, also when it is beyond the bound."""
     if bound_ms is None:
         return
     offset = await measure(cql, clock, samples)
+    if last is not None:
+        last.offset_ms = offset.offset_ms
     if offset.beyond(bound_ms):
         raise StoreMisconfigured(
             f"scylla: this replica's clock is {abs(offset.offset_ms) / 1000:.1f}s"

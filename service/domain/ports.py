@@ -417,6 +417,10 @@ class Backend:
     server_time: Callable[[], Awaitable[int]] | None = None
     """The backend's own clock (epoch ms) where it has one (Redis ``TIME``): the
     service takes "now" from it (``service.backend_clock``), never a replica's."""
+    clock_offset_ms: Callable[[], float | None] | None = None
+    """The backend's clock minus this replica's (ms) as last measured, None before the
+    first measurement, where the backend measures it itself (Scylla's skew guard);
+    exported as ``message_committer_backend_clock_offset_seconds``."""
 
     async def close(self) -> None:
         for close in self.closers:

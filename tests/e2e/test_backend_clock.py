@@ -78,3 +78,23 @@ async def test_a_replica_8_days_ahead_keeps_backoff_grace_and_redis_time(redis_u
     finally:
         await admin.aclose()
         await server.stop(grace_s=0.5)
+
+
+async def test_the_replica_exports_how_far_its_clock_is_from_redis(redis_url: str) -> None:
+    """``message_committer_backend_clock_offset_seconds``: Redis's clock minus this
+    replica's, measured before serving (an operator's alert; the nemesis's proof that a
+    skewed clock took effect)."""
+    config = replace(BASE_CONFIG, backend="redis", redis_url=redis_url, redis_prefix=unique("mc"))
+    await initialise_prefix(config.redis_url, config.redis_prefix)
+    backend = await open_backend(config)
+    server = build_server(config, backend, clock=OffsetClock(90_000))
+    gauge = "message_committer_backend_clock_offset_seconds"
+    try:
+        offset = server.metrics.registry.get_sample_value(gauge)
+        assert offset is not None and offset != offset  # NaN: not measured yet
+        await server.start()
+        offset = server.metrics.registry.get_sample_value(gauge)
+        assert offset is not None and -91.0 < offset < -89.0
+    finally:
+        await server.stop(grace_s=0.5)
+        await backend.close()

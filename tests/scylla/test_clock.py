@@ -74,6 +74,29 @@ async def test_a_skewed_replica_refuses_and_a_correct_one_keeps_its_acks(
         await good.close()
 
 
+async def test_the_replica_exports_the_offset_it_measured_also_when_it_refuses(
+    scylla: ScyllaHarness,
+) -> None:
+    """``message_committer_backend_clock_offset_seconds`` is the cluster's clock minus
+    this replica's as the skew guard last measured it; a replica that drifted beyond the
+    bound shows the offset it refused for."""
+    clock = AdjustableClock(offset_ms=1_500)
+    backend = await _open(scylla, clock)
+    config = ServiceConfig(backend="scylla", grpc_address="127.0.0.1:0")
+    server = build_server(config, backend, clock=clock)
+    gauge = "message_committer_backend_clock_offset_seconds"
+    try:
+        offset = server.metrics.registry.get_sample_value(gauge)
+        assert offset is not None and -2.0 < offset < -1.0
+        clock.offset_ms = 10_000
+        with pytest.raises(StoreMisconfigured):
+            await backend.store.readiness()
+        offset = server.metrics.registry.get_sample_value(gauge)
+        assert offset is not None and -10.5 < offset < -9.5
+    finally:
+        await backend.close()
+
+
 async def test_readiness_refuses_once_the_clock_drifts_and_recovers_with_it(
     scylla: ScyllaHarness,
 ) -> None:
