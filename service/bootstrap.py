@@ -22,7 +22,7 @@ import signal
 from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, StartupError
 from service.domain.committer import MessageCommitter
-from service.domain.errors import StoreSchemaError, StoreUnavailable
+from service.domain.errors import StoreMisconfigured, StoreSchemaError, StoreUnavailable
 from service.domain.faults import FaultPoints
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
 from service.eventloop import running_loop_name
@@ -160,6 +160,10 @@ async def open_backend(config: ServiceConfig, clock: Clock | None = None) -> Bac
         raise
     except StoreSchemaError as exc:  # its texts are ours: they say what to run
         raise ConfigError(f"{where} is not ready for this version: {exc}") from None
+    except StoreMisconfigured as exc:  # its texts are ours, and say what is wrong
+        raise BackendUnreachable(
+            f"cannot open {where}: {type(exc).__name__}: {exc}: {exc.operator_hint}"
+        ) from None
     except StoreUnavailable as exc:
         hint = f": {exc.operator_hint}" if exc.operator_hint else ""
         raise BackendUnreachable(f"cannot open {where}: {type(exc).__name__}{hint}") from None

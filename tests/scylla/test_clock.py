@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import grpc
@@ -126,6 +127,9 @@ async def test_the_service_refuses_to_start_with_a_skewed_clock(scylla: ScyllaHa
     with pytest.raises(BackendUnreachable) as refused:
         await open_backend(config, replica_clock(config))
     assert "StoreMisconfigured" in str(refused.value) and "clock" in str(refused.value)
+    # how far off, so an operator (and the nemesis's proof) reads the skew it refused for
+    said = r"clock is 30\.\ds ahead of the cluster's \(allowed 3\.0s\)"
+    assert re.search(said, str(refused.value))
     assert scylla.host not in str(refused.value)
     backend = await open_backend(dataclasses.replace(config, test_clock_offset=0.0))
     await backend.close()
