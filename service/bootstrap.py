@@ -229,6 +229,7 @@ def build_server(
             clock=clock,
             faults=faults,
             shares_loop=True,  # the RPCs' loop: one partition step per loop turn
+            busy_pause_s=config.relay_busy_pause,
         )
     return CommitServer(
         config,

@@ -288,6 +288,12 @@ class ServiceConfig:
     relay_idle_wait: float = field(default=1.0, metadata=_DURATION)
     """Longest a relay waits for new outbox entries before looking again."""
 
+    relay_busy_pause: float = field(default=0.01, metadata=_DURATION)
+    """Memory only (the relay inside serve, on the RPCs' event loop): how long a
+    partition waits after a step that delivered something before its next step
+    (0: none). Fewer, fuller steps: less server CPU per commit under load, at
+    most this much more delivery latency for a message committed meanwhile."""
+
     relay_max_attempts: int = 10
     """Failed delivery attempts after which an outbox entry is dead-lettered."""
 
@@ -663,6 +669,8 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
             "MC_MAILBOX_DEDUPE_WINDOW must be at least 1h: the relay refuses older messages,"
             " and a shorter window would refuse entries it is still retrying"
         )
+    if config.relay_busy_pause < 0 or config.relay_busy_pause > config.relay_idle_wait:
+        raise ConfigError("MC_RELAY_BUSY_PAUSE must be between 0 and MC_RELAY_IDLE_WAIT")
     if config.relay_batch > 1000:
         raise ConfigError("MC_RELAY_BATCH must be at most 1000")
     if config.relay_lease < 1.0:

@@ -153,17 +153,20 @@ class ServiceMetrics:
         self.backend_info = Info(
             "message_committer_backend", "The backend this server runs on.", registry=r
         )
-        for outcome in OUTCOMES:
-            self.commits.labels(outcome)
-        for reason in REJECTION_REASONS:
-            self.rejections.labels(reason)
+        # Every known outcome and reason exported from the start, and looked up once:
+        # labels() per commit was a lock and a dict walk (issue 27).
+        self._outcomes = {outcome: self.commits.labels(outcome) for outcome in OUTCOMES}
+        self._reasons = {reason: self.rejections.labels(reason) for reason in REJECTION_REASONS}
 
     # --- CommitObserver ----------------------------------------------------
 
     def outcome(self, outcome: str, reason: str = "") -> None:
-        self.commits.labels(outcome).inc()
+        child = self._outcomes.get(outcome)
+        (self.commits.labels(outcome) if child is None else child).inc()
         if outcome == "rejected":
-            self.rejections.labels(reason or "unknown").inc()
+            reason = reason or "unknown"
+            rejected = self._reasons.get(reason)
+            (self.rejections.labels(reason) if rejected is None else rejected).inc()
 
     def recovered(self, report: RecoveryReport) -> None:
         self.recovery_runs.inc()

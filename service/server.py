@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.api.admin import MembershipServicer
-from service.api.gate import GateInterceptor, WriteGate
+from service.api.gate import WriteGate
 from service.api.interceptor import StatusInterceptor
 from service.api.limits import RpcLimits
 from service.api.mailbox import MailboxServicer
@@ -128,8 +128,8 @@ class CommitServer:
                         max_streams=config.max_streams,
                         max_streams_per_user=config.max_streams_per_user,
                     ),
+                    self.gate,  # the write methods refuse while closed
                 ),
-                GateInterceptor(self.gate),  # inside: a refusal is mapped and counted
             ],
             options=[
                 # The transport refuses only requests over twice the limit; between

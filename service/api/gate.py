@@ -11,23 +11,16 @@ closed gate stays closed until a probe succeeds). A successful probe opens it.
 While closed, every write RPC (``WRITE_METHODS``) answers UNAVAILABLE, reason
 ``FAIL_CLOSED``, with the probe's reason (a class name and a fixed operator
 sentence, never backend text), before it reaches the committer. Reads stay
-served. The cost per request is one attribute read: the interceptor wraps each
-write method's handler once; the flag is set by the probe, never computed per
-request. The recovery loop obeys the same gate.
+served. The cost per request is one attribute read: the StatusInterceptor
+(``service.api.interceptor``) checks it in the wrapper it makes once per write
+method; the flag is set by the probe, never computed per request. The recovery
+loop obeys the same gate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias
-
-import grpc
-from grpc import aio
-
 from service.api.errors import FailClosed
 from service.domain.errors import StoreMisconfigured, StoreWiped
-
-Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 FAIL_CLOSED_CAUSES: tuple[type[Exception], ...] = (StoreMisconfigured, StoreWiped)
 
@@ -63,39 +56,3 @@ class WriteGate:
         """Raise FailClosed while closed."""
         if self.refusal:
             raise FailClosed(f"writes refused until the backend is fixed: {self.refusal}")
-
-
-class GateInterceptor(aio.ServerInterceptor):
-    """Runs ``gate.check()`` before each write method (inside the StatusInterceptor,
-    so a refusal is mapped, counted and traced like any other error)."""
-
-    def __init__(self, gate: WriteGate) -> None:
-        self._gate = gate
-        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method not in WRITE_METHODS or handler.unary_unary is None:
-            return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        behavior: Any = handler.unary_unary
-        gate = self._gate
-
-        async def gated(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            gate.check()
-            return await behavior(request, context)
-
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            gated,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped

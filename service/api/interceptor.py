@@ -16,13 +16,14 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 from grpc import aio
+from prometheus_client import Counter
 
 from service.api import errors
+from service.api.gate import WRITE_METHODS, WriteGate
 from service.api.limits import RpcLimits, owner_of
 from service.domain.errors import InvalidRequest
 from service.metrics import ServiceMetrics
@@ -32,15 +33,27 @@ log = logging.getLogger(__name__)
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
-@dataclass(frozen=True, slots=True)
 class _Rpc:
-    grpc_type: str
-    service: str
-    method: str
+    """One method's labels and its labelled series, looked up once (issue 27:
+    ``labels()`` per call was a lock and a dict walk three times per RPC)."""
 
-    @property
-    def labels(self) -> tuple[str, str, str]:
-        return (self.grpc_type, self.service, self.method)
+    __slots__ = ("_handled", "_metrics", "labels", "method", "seconds", "service", "started")
+
+    def __init__(self, metrics: ServiceMetrics, grpc_type: str, service: str, method: str) -> None:
+        self.service = service
+        self.method = method
+        self.labels = (grpc_type, service, method)
+        self._metrics = metrics
+        self.started = metrics.grpc_started.labels(*self.labels)
+        self.seconds = metrics.grpc_seconds.labels(*self.labels)
+        self._handled: dict[grpc.StatusCode, Counter] = {}
+
+    def handled(self, code: grpc.StatusCode) -> Counter:
+        """The handled counter of ``code`` (made on its first use, as ``labels()`` does)."""
+        child = self._handled.get(code)
+        if child is None:
+            child = self._handled[code] = self._metrics.grpc_handled.labels(*self.labels, code.name)
+        return child
 
 
 # (grpc_type label, RpcMethodHandler attribute, handler factory), one per RPC shape.
@@ -56,11 +69,20 @@ class StatusInterceptor(aio.ServerInterceptor):
     """Maps exceptions to statuses and records per-RPC metrics."""
 
     def __init__(
-        self, metrics: ServiceMetrics, max_request_bytes: int = 0, limits: RpcLimits | None = None
+        self,
+        metrics: ServiceMetrics,
+        max_request_bytes: int = 0,
+        limits: RpcLimits | None = None,
+        gate: WriteGate | None = None,
     ) -> None:
+        """``gate``: checked before each unary write method (``WRITE_METHODS``) reaches
+        its handler, so a refusal is mapped, counted and traced like any other error;
+        here rather than in an interceptor of its own, which cost every RPC one more
+        ``intercept_service`` and every write one more coroutine (issue 27)."""
         self._metrics = metrics
         self._max_request_bytes = max_request_bytes
         self.limits = limits or RpcLimits()
+        self._gate = gate
         # method -> (the servicer's handler, our wrapped one): grpc hands back the
         # same registered handler for a method, so it is wrapped once, not per call.
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
@@ -84,11 +106,15 @@ class StatusInterceptor(aio.ServerInterceptor):
         service, _, method = full_method.lstrip("/").partition("/")
         grpc_type, attribute, make = next(k for k in _KINDS if getattr(handler, k[1]) is not None)
         behavior = getattr(handler, attribute)
-        rpc = _Rpc(grpc_type, service, method)
+        rpc = _Rpc(self._metrics, grpc_type, service, method)
         wrapped = (
             self._wrap_generator(behavior, rpc)
             if inspect.isasyncgenfunction(behavior)
-            else self._wrap_coroutine(behavior, rpc)
+            else self._wrap_coroutine(
+                behavior,
+                rpc,
+                self._gate if grpc_type == "unary" and full_method in WRITE_METHODS else None,
+            )
         )
         deserializer = handler.request_deserializer
         if not handler.request_streaming and deserializer is not None:
@@ -99,7 +125,9 @@ class StatusInterceptor(aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
 
-    def _wrap_coroutine(self, behavior: Any, rpc: _Rpc) -> Callable[..., Awaitable[Any]]:
+    def _wrap_coroutine(
+        self, behavior: Any, rpc: _Rpc, gate: WriteGate | None
+    ) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
             start = self._started(rpc)
             code = grpc.StatusCode.UNKNOWN
@@ -109,6 +137,8 @@ class StatusInterceptor(aio.ServerInterceptor):
                     code = grpc.StatusCode.RESOURCE_EXHAUSTED
                     await context.abort(code, refused)
                 _check_decoded(request)
+                if gate is not None:
+                    gate.check()
                 response = behavior(request, context)
                 if inspect.isawaitable(response):
                     response = await response
@@ -159,13 +189,13 @@ class StatusInterceptor(aio.ServerInterceptor):
         return stream
 
     def _started(self, rpc: _Rpc) -> float:
-        self._metrics.grpc_started.labels(*rpc.labels).inc()
+        rpc.started.inc()
         return time.perf_counter()
 
     def _handled(self, rpc: _Rpc, code: grpc.StatusCode, start: float) -> None:
         seconds = time.perf_counter() - start
-        self._metrics.grpc_handled.labels(*rpc.labels, code.name).inc()
-        self._metrics.grpc_seconds.labels(*rpc.labels).observe(seconds)
+        rpc.handled(code).inc()
+        rpc.seconds.observe(seconds)
         if log.isEnabledFor(logging.DEBUG):  # the access log: method, code, time; no ids
             log.debug("%s/%s %s in %.2f ms", rpc.service, rpc.method, code.name, seconds * 1e3)
 

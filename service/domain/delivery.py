@@ -89,6 +89,12 @@ class AppendRequest:
     """The highest (epoch, head) the writer saw this lane at: a lane below it
     moved backwards, and the append is refused (``moved_back``), nothing written."""
 
+    def with_floor(self, floor: LaneMark | None) -> AppendRequest:
+        """This request with ``floor``: made per mailbox per relay step, so built
+        directly (``dataclasses.replace`` cost twice as much; keep it in step
+        with the fields)."""
+        return AppendRequest(self.mailbox, self.items, floor)
+
 
 @dataclass(frozen=True, slots=True)
 class AppendOutcome:

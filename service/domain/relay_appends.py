@@ -12,7 +12,6 @@ applied but not replicated in time included.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from service.domain.delivery import (
@@ -96,7 +95,7 @@ class Appends:
                 self._marks.saw(request.mailbox, outcome.epoch, outcome.head)
 
     def _floored(self, request: AppendRequest) -> AppendRequest:
-        return replace(request, floor=self._marks.get(request.mailbox))
+        return request.with_floor(self._marks.get(request.mailbox))
 
     async def _restart(
         self, request: AppendRequest, outcome: AppendOutcome, broken: dict[Mailbox, str]

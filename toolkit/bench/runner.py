@@ -280,6 +280,9 @@ class BackendBench:
                 "before each phase the in-process relay delivered what the earlier ones"
                 f" committed (longest wait {waited:.1f} s, before {label})"
             )
+        delivery = relay_delivery_note(self.target)
+        if delivery:
+            self.report.notes.append(delivery)
         if self.target.server is None:
             self.report.notes.append("server CPU not measured: the server is another process")
         if self.target.server is None and not self.target.metrics_url:
@@ -295,6 +298,38 @@ class BackendBench:
                 self.target.redis_url, a.body_bytes
             )
         return self.report
+
+
+DELIVERY_SERIES = "message_committer_relay_delivery_seconds"
+DELIVERY_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def relay_delivery_note(target: Target) -> str:
+    """The in-server relay's delivery latency over the whole run (publication to
+    the outbox until in every mailbox), as the bucket bounds of its histogram
+    that hold the quantiles; empty without an in-process relay or deliveries."""
+    server = target.server
+    if server is None or server.relay is None:
+        return ""
+    buckets: list[tuple[float, float]] = []
+    for metric in server.metrics.registry.collect():
+        if metric.name == DELIVERY_SERIES:
+            buckets = [
+                (float(s.labels["le"]), s.value)
+                for s in metric.samples
+                if s.name == DELIVERY_SERIES + "_bucket"
+            ]
+    total = buckets[-1][1] if buckets else 0.0
+    if not total:
+        return ""
+    bounds = [next(le for le, count in buckets if count >= q * total) for q in DELIVERY_QUANTILES]
+    shown = ", ".join(
+        f"p{q * 100:g} <= {le * 1e3:g} ms" for q, le in zip(DELIVERY_QUANTILES, bounds, strict=True)
+    )
+    return (
+        "in-server relay delivery, publication to every mailbox, whole run:"
+        f" {shown} ({total:.0f} entries)"
+    )
 
 
 def _delta(before: Counter[str] | None, after: Counter[str] | None) -> Counter[str] | None:
