@@ -200,11 +200,12 @@ class Nemesis:
 
     async def _prove(self, kind: str, target: int, history: HistoryWriter, when: str) -> bool:
         """Observe ``kind`` on ``target`` (at its beginning or after its end); record it."""
-        assert self.topology is not None and self.replica_faults is not None
+        assert self.topology is not None
         found: Proof | None
         try:
             if kind in REPLICA_KINDS:
                 rf = self.replica_faults
+                assert rf is not None
                 found = await (rf.prove_end(kind, target) if when == "end"
                                else asyncio.to_thread(rf.prove_begin, kind, target))  # fmt: skip
             else:
@@ -220,16 +221,18 @@ class Nemesis:
         return found.ok
 
     async def _begin(self, fault: Fault, target: int) -> None:
-        assert self.topology is not None and self.replica_faults is not None
-        if fault.kind in REPLICA_KINDS:  # off the loop: a kill reads the metrics first
+        assert self.topology is not None
+        if fault.kind in REPLICA_KINDS:
+            assert self.replica_faults is not None  # off the loop: a kill reads the metrics first
             offset = clock_offset(self.seed, fault.at_s, target)
             await asyncio.to_thread(self.replica_faults.begin, fault.kind, target, offset)
         else:
             await self.topology.begin(fault.kind, target)
 
     async def _end(self, kind: str, target: int) -> None:
-        assert self.topology is not None and self.replica_faults is not None
+        assert self.topology is not None
         if kind in REPLICA_KINDS:
+            assert self.replica_faults is not None
             await asyncio.to_thread(self.replica_faults.end, kind, target)
         else:
             await self.topology.end(kind, target)

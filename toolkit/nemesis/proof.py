@@ -28,6 +28,7 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 REDIS_PING = b"PING\r\n"
 CQL_OPTIONS = b"\x04\x00\x00\x01\x05\x00\x00\x00\x00"
@@ -139,7 +140,7 @@ def judge_toxic(spec: ToxicSpec, result: ProbeResult, delta: Counters, sent: int
 def process_state(pid: int) -> str:
     """The state letter of ``/proc/PID/stat`` ('' when the process is gone)."""
     try:
-        text = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()  # noqa: SIM115
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
     except OSError:
         return ""
     return text.rpartition(")")[2].split()[0] if ")" in text else ""
