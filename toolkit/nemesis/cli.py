@@ -39,8 +39,9 @@ from pathlib import Path
 
 from service.api.errors import ConversationExists
 from service.client import NO_RETRY, CommitClient
+from service.config import parse_duration
 from service.domain.errors import CommitError
-from toolkit.nemesis import checker, linearizability
+from toolkit.nemesis import checker, expiry, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
 from toolkit.nemesis.outcomes import UNKNOWN_OUTCOME
 from toolkit.nemesis.proof import Proof, ScheduleFigures, default_min_acks, verdict
@@ -93,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         "--idempotency-window",
         default=None,
         help="MC_IDEMPOTENCY_WINDOW of every serve, e.g. 30s, so that keys expire during"
-        " the run (history retention stays the default 30 d: messages stay readable)",
+        " the run (history retention stays the default 30 d: messages stay readable); the"
+        " checkers take a key used again after its window as another key (expiry.py)",
     )
     p.add_argument(
         "--sabotage",
@@ -324,9 +326,14 @@ class Nemesis:
         settled = await work.settle()
         await work.close()
         history.close()
-        own = checker.check(load_file(path))
+        checked = path
+        if a.idempotency_window:  # each use of a key after its window is another key
+            window_ms = int(parse_duration(a.idempotency_window) * 1000)
+            checked, reused = expiry.split_file(path, window_ms)
+            print(f"  keys re-reserved after the {a.idempotency_window} window: {reused}")
+        own = checker.check(load_file(checked))
         html = self.work / f"schedule-{seed}-porcupine.html" if a.keep_dir else None
-        por = await asyncio.to_thread(linearizability.run, path, html)
+        por = await asyncio.to_thread(linearizability.run, checked, html)
         counts = work.counts
         fired = ", ".join(f"{k} x{n}" for k, n in sorted(fault_counts(path).items())) or "none"
         print(
