@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,56 @@ def test_the_verdict_fails_unproven_faults_too_few_acks_and_unnoticed_kills() ->
     quiet = ScheduleFigures(500, 0, 18, {"latency": 1})  # no kill or pause: nothing required
     assert proof.verdict(quiet) == []
     assert proof.default_min_acks(60) == 60 and proof.default_min_acks(5) == 10
+
+
+class _LateCounters:
+    """Toxiproxy's /metrics as it behaves: a connection's bytes are added when that
+    direction's copy ends, a moment after the probe closed its socket, so the first
+    read after the probe can still show the figures from before it."""
+
+    def __init__(self, *reads: dict[str, int]) -> None:
+        self.reads = list(reads)
+
+    def byte_counters(self, proxy: str) -> dict[str, int]:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "final"),
+    [
+        ("timeout", {"upstream received": PING}),
+        (
+            "timeout-reply",
+            {"upstream received": PING, "upstream sent": PING, "downstream received": 7},
+        ),
+        ("reset-reply", {"upstream received": PING, "upstream sent": PING}),
+    ],
+)
+def test_a_toxic_proof_reads_the_counters_until_the_probes_connection_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, final: dict[str, int]
+) -> None:
+    from toolkit.nemesis import topology
+
+    late = _LateCounters({}, {}, final)  # before the probe, just after it, settled
+    top = topology.Topology(tmp_path, late)  # type: ignore[arg-type]
+    top.probe_request = proof.REDIS_PING
+    top.proxies, top.listen = ["redis-0"], ["127.0.0.1:1"]
+    failure = SILENT if kind.startswith("timeout") else RESET
+    monkeypatch.setattr(proof, "probe", lambda address, request, wait_s: failure)
+    found = top._prove_toxic(topology.TOXICS[kind], 0)
+    assert found.ok, found.evidence
+    assert late.reads == [final]  # it read again until the probe's bytes were counted
+
+
+def test_a_faketime_probe_is_read_when_it_reads_the_clock_not_when_it_exits(
+    tmp_path: Path,
+) -> None:
+    """Under load a probe can take long to exit after it printed its clock; the old
+    probe compared its reading with the time after its exit (0.48 s late in one
+    loaded smoke run, against a 0.5 s tolerance). This probe never exits by itself:
+    the reading must be taken from its output, and the probe ended."""
+    slow = tmp_path / "python-slow-exit"
+    slow.write_text(f'#!/bin/sh\n"{sys.executable}" "$@" && exec sleep 60\n', encoding="ascii")
+    slow.chmod(0o755)
+    offset = proof.faked_clock_offset_s({}, str(slow))  # no faketime: the real clock
+    assert abs(offset) < 0.5

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,10 @@ CQL_OPTIONS = b"\x04\x00\x00\x01\x05\x00\x00\x00\x00"
 QUIET_S = 1.0
 """How long a probe waits for a reply that a swallowing toxic must keep away."""
 STATE_WAIT_S = 2.0
+COUNTER_SETTLE_S = 2.0
+"""Toxiproxy adds a connection's bytes to its counters only when that direction's copy
+ends, a moment after the probe closed its socket: a toxic's proof reads them again
+until they show the probe's connection, for at most this long."""
 DISRUPTIVE = frozenset(
     {"kill-node", "pause-node", "kill-master", "pause-master", "kill-replica", "pause-replica"}
 )
@@ -137,6 +141,24 @@ def judge_toxic(spec: ToxicSpec, result: ProbeResult, delta: Counters, sent: int
     return Proof(False, f"no rule for toxic {spec.kind}")
 
 
+def settled_toxic_proof(
+    spec: ToxicSpec,
+    result: ProbeResult,
+    before: Counters,
+    read: Callable[[], Counters],
+    sent: int,
+    settle_s: float = COUNTER_SETTLE_S,
+) -> Proof:
+    """``judge_toxic`` over the counters read again until they show the probe's
+    effect or ``settle_s`` passes: a single read races Toxiproxy's own accounting."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = judge_toxic(spec, result, read().minus(before), sent)
+        if found.ok or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
+
+
 def process_state(pid: int) -> str:
     """The state letter of ``/proc/PID/stat`` ('' when the process is gone)."""
     try:
@@ -167,21 +189,42 @@ def judge_kill(pid: int | None, state: str) -> Proof:
     return Proof(ok, f"pid {pid} {'gone' if not state else f'in state {state}'} after SIGKILL")
 
 
+CLOCK_PROBE = (
+    "import sys, time; print('ready', flush=True); sys.stdin.readline();"
+    " print(time.time(), flush=True); sys.stdin.read()"
+)
+"""Says it runs, reads its clock when asked (a line on stdin), prints it, then waits
+to be ended."""
+
+
 def faked_clock_offset_s(env: Mapping[str, str], python: str) -> float:
     """How far a process started with ``env`` (a faketime setting) reads the wall
-    clock from this one's: a tiny probe run under the same setting."""
+    clock from this one's: a tiny probe run under the same setting, asked for its
+    clock once it runs and read against the middle of that request and its answer
+    (not against its exit, which under load can come long after its reading)."""
     import subprocess
 
-    out = subprocess.run(
-        [python, "-c", "import time; print(time.time())"],
+    with subprocess.Popen(
+        [python, "-c", CLOCK_PROBE],
         env={**os.environ, **env},
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=20,
-        check=True,
-    ).stdout
-    after = time.time()  # the probe exits right after it reads the clock
-    return float(out.strip()) - after
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            child.stdout.readline()  # it runs: its start-up is outside the bracket
+            before = time.time()
+            child.stdin.write("\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+            after = time.time()
+        finally:
+            child.kill()
+            child.wait(timeout=20)
+    if not line.strip():
+        raise RuntimeError("the clock probe printed no time")
+    return float(line) - (before + after) / 2
 
 
 def judge_clock(

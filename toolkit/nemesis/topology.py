@@ -156,8 +156,8 @@ class Topology:
         before = self._counters(proxy)
         wait = (spec.latency_ms + spec.jitter_ms) / 1000 + 3.0 if spec.kind == "latency" else 0
         result = proof.probe(self.listen[target], self.probe_request, wait or proof.QUIET_S)
-        delta = self._counters(proxy).minus(before)
-        return proof.judge_toxic(spec, result, delta, len(self.probe_request))
+        sent = len(self.probe_request)
+        return proof.settled_toxic_proof(spec, result, before, lambda: self._counters(proxy), sent)
 
     def _counters(self, proxy: str) -> Counters:
         c = self.toxi.byte_counters(proxy)
