@@ -1,5 +1,6 @@
 """The nemesis cannot pass on faults that never happened: a fault whose start failed
-is not counted as fired (and fails the run), and a run that cannot create its
+is not counted as fired (and fails the run), a fault whose effect was not observed is
+not counted as proven (and fails the run), and a run that cannot create its
 conversations stops instead of sending commits that can only be refused."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any, cast
 import pytest
 
 from toolkit.nemesis import cli
-from toolkit.nemesis.history import HistoryWriter, fault_counts
+from toolkit.nemesis.history import HistoryWriter, fault_counts, read_lines
+from toolkit.nemesis.proof import Proof
 from toolkit.nemesis.replicas import Replica
 from toolkit.nemesis.schedule import Fault
 from toolkit.ports import free_port
@@ -21,8 +23,15 @@ from toolkit.ports import free_port
 class _Topology:
     """Storage faults whose start fails on target 1 only."""
 
-    def __init__(self) -> None:
+    def __init__(self, effect: bool = True) -> None:
         self.ended: list[tuple[str, int]] = []
+        self.effect = effect
+
+    def prove_begin(self, kind: str, target: int) -> Proof:
+        return Proof(self.effect, "seen" if self.effect else "nothing seen")
+
+    def prove_end(self, kind: str, target: int) -> Proof | None:
+        return None
 
     async def begin(self, kind: str, target: int) -> None:
         if target == 1:
@@ -48,6 +57,19 @@ async def test_a_fault_that_could_not_start_is_failed_not_fired(tmp_path: Path) 
     assert nemesis.failed == {"kill-node": 1}
     assert fault_counts(tmp_path / "h.jsonl") == {"pause-node": 1, "kill-node": 1}
     assert topology.ended == [("pause-node", 0), ("kill-node", 0), ("kill-node", 1)]
+    assert nemesis.proven == {"pause-node": 1, "kill-node": 1}  # target 0 of it was seen
+
+
+async def test_a_fault_without_observed_effect_is_unproven(tmp_path: Path) -> None:
+    nemesis = _nemesis(tmp_path)
+    nemesis.topology = cast(Any, _Topology(effect=False))
+    history = HistoryWriter(tmp_path / "h.jsonl")
+    await nemesis.apply(Fault("timeout", (0,), 0.0, 0.01), history)
+    history.close()
+    assert nemesis.fired == {"timeout": 1}
+    assert nemesis.unproven == {"timeout": 1} and not nemesis.proven
+    phases = [line.get("phase") for line in read_lines(tmp_path / "h.jsonl")]
+    assert phases == ["start", "no-effect", "end"]
 
 
 async def test_conversations_that_cannot_be_created_stop_the_run(

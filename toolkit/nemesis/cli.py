@@ -13,7 +13,10 @@ history and runs both checkers: the project's own (``checker.py``) and porcupine
 (``linearizability.py``). Prints per schedule what fired and what was found; the last
 line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0, and also when
 a scheduled fault never began (the load outlasts --duration while faults remain, up to
-an overrun) or could not start, or the conversations could not be created.
+an overrun) or could not start, when a fault's effect was not observed (``proof.py``:
+``FAILED: faults without effect``), when a schedule's ACKs fall under ``--min-acks``,
+when a schedule with kills or pauses saw no unknown outcome, or when the conversations
+could not be created.
 
 ``--sabotage MODE`` runs the replicas from a copy of this checkout broken in one way
 (``sabotage.py``; the service itself has no such switch), one mode per rule of the
@@ -36,9 +39,14 @@ from pathlib import Path
 
 from service.api.errors import ConversationExists
 from service.client import NO_RETRY, CommitClient
+from service.config import parse_duration
 from service.domain.errors import CommitError
-from toolkit.nemesis import checker, linearizability
+from toolkit.nemesis import checker, expiry, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
+from toolkit.nemesis.outcomes import UNKNOWN_OUTCOME
+from toolkit.nemesis.proof import Proof, ScheduleFigures, default_min_acks, verdict
+from toolkit.nemesis.replica_faults import KINDS as REPLICA_KINDS
+from toolkit.nemesis.replica_faults import ReplicaFaults, clock_offset
 from toolkit.nemesis.replicas import REPO, Replica, supports
 from toolkit.nemesis.sabotage import MODES, SabotageError, broken_build, describe
 from toolkit.nemesis.schedule import MIN_FAULT_S, Fault, FaultKind, make_schedule
@@ -46,9 +54,6 @@ from toolkit.nemesis.topology import RedisTopology, ScyllaTopology, Topology
 from toolkit.nemesis.toxiproxy import ToxiproxyError, ToxiproxyServer
 from toolkit.nemesis.workload import SENDERS, Workload
 
-CLOCK_ENV = "MC_TEST_CLOCK_OFFSET"
-CLOCK_OFFSETS_MS = (-2500, -1000, 1000, 2500)
-"""Within the Scylla backend's 3 s skew guard: a replica further off refuses to serve."""
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 MIN_OVERRUN_S = 60.0
@@ -79,6 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--faults", default="", help="comma-separated fault kinds (default: all)")
     p.add_argument(
+        "--min-acks",
+        type=int,
+        default=None,
+        help="a schedule with fewer ACKs fails the run (default: one per second of"
+        " --duration, at least 10)",
+    )
+    p.add_argument(
+        "--idempotency-window",
+        default=None,
+        help="MC_IDEMPOTENCY_WINDOW of every serve, e.g. 30s, so that keys expire during"
+        " the run (history retention stays the default 30 d: messages stay readable); the"
+        " checkers take a key used again after its window as another key (expiry.py)",
+    )
+    p.add_argument(
         "--sabotage",
         choices=sorted(MODES),
         default=None,
@@ -102,6 +121,12 @@ class Nemesis:
         self.unsupported: list[str] = []
         self.skipped = 0
         self.failed: dict[str, int] = {}
+        self.proven: Counter[str] = Counter()
+        self.unproven: Counter[str] = Counter()
+        self.failures: list[str] = []
+        """The FAILED lines of every schedule (``proof.verdict``)."""
+        self.replica_faults: ReplicaFaults | None = None
+        self.seed = 0
 
     async def start(self) -> None:
         toxi = self.toxiproxy.start()
@@ -119,62 +144,97 @@ class Nemesis:
         root = broken_build(REPO, self.work, a.sabotage) if a.sabotage else None
         if a.redis_wait_replicas is not None:
             env["MC_REDIS_WAIT_REPLICAS"] = str(a.redis_wait_replicas)
+        if a.idempotency_window:
+            env["MC_IDEMPOTENCY_WINDOW"] = a.idempotency_window  # retention stays 30 d
         for i in range(a.replicas):
             replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work, root)
             self.replicas.append(replica)
             await asyncio.to_thread(replica.start)
+        self.replica_faults = ReplicaFaults(self.replicas, a.backend)
 
     def kinds(self) -> list[FaultKind]:
         assert self.topology is not None
-        kinds = [*self.topology.fault_kinds(), FaultKind("kill-replica", len(self.replicas))]
-        if supports(CLOCK_ENV):
-            kinds.append(FaultKind("clock-offset", len(self.replicas)))
+        assert self.replica_faults is not None
+        n = len(self.replicas)
+        kinds = [*self.topology.fault_kinds()]
+        kinds += [FaultKind(k, n, domain="replica") for k in REPLICA_KINDS if k != "clock-offset"]
+        if self.replica_faults.library is not None:
+            kinds.append(FaultKind("clock-offset", n, domain="replica"))
         else:
-            note = f"clock-offset: not supported by this build (serve does not read {CLOCK_ENV})"
+            note = "clock-offset: faketime (libfaketime) is not installed"
             if note not in self.unsupported:
                 self.unsupported.append(note)
         wanted = {k for k in self.args.faults.split(",") if k}
         return [k for k in kinds if not wanted or k.name in wanted]
 
     async def apply(self, fault: Fault, history: HistoryWriter) -> None:
-        assert self.topology is not None
-        started = True
+        """Begin ``fault`` on each target, observe its effect while it runs, end it,
+        and observe a kill's restart; every proof goes into the history."""
+        began: list[int] = []
         for t in fault.targets:
             history.fault(fault.kind, str(t), "start")
             try:
-                await self._begin(fault.kind, t)
+                await self._begin(fault, t)
+                began.append(t)
             except Exception as exc:
                 print(f"  fault {fault.kind}[{t}] failed to start: {type(exc).__name__}: {exc}")
                 history.fault(fault.kind, str(t), "failed")
-                started = False
-        if started:
+        if len(began) == len(fault.targets):
             self.fired[fault.kind] = self.fired.get(fault.kind, 0) + 1
         else:  # a fault that did not begin proves nothing: the run fails
             self.failed[fault.kind] = self.failed.get(fault.kind, 0) + 1
-        await asyncio.sleep(fault.for_s)
+        proofs = [self._prove(fault.kind, t, history, "begin") for t in began]
+        seen = await asyncio.gather(asyncio.sleep(fault.for_s), *proofs)
         for t in fault.targets:
             try:
                 await self._end(fault.kind, t)
             except Exception as exc:
                 print(f"  fault {fault.kind}[{t}] failed to end: {type(exc).__name__}: {exc}")
             history.fault(fault.kind, str(t), "end")
-
-    async def _begin(self, kind: str, target: int) -> None:
-        assert self.topology is not None
-        if kind == "kill-replica":  # off the loop: it reads the replica's metrics first
-            await asyncio.to_thread(self.replicas[target].kill)
-        elif kind == "clock-offset":
-            offset = random.Random(target).choice(CLOCK_OFFSETS_MS)
-            await asyncio.to_thread(self.replicas[target].restart, {CLOCK_ENV: f"{offset}ms"})
+        ends = [await self._prove(fault.kind, t, history, "end") for t in began]
+        if not began:
+            return
+        if all(seen[1:]) and all(ends):
+            self.proven[fault.kind] += 1
         else:
-            await self.topology.begin(kind, target)
+            self.unproven[fault.kind] += 1
+
+    async def _prove(self, kind: str, target: int, history: HistoryWriter, when: str) -> bool:
+        """Observe ``kind`` on ``target`` (at its beginning or after its end); record it."""
+        assert self.topology is not None
+        found: Proof | None
+        try:
+            if kind in REPLICA_KINDS:
+                rf = self.replica_faults
+                assert rf is not None
+                found = await (rf.prove_end(kind, target) if when == "end"
+                               else asyncio.to_thread(rf.prove_begin, kind, target))  # fmt: skip
+            else:
+                prove = self.topology.prove_end if when == "end" else self.topology.prove_begin
+                found = await asyncio.to_thread(prove, kind, target)
+        except Exception as exc:
+            found = Proof(False, f"could not observe: {type(exc).__name__}")
+        if found is None:
+            return True
+        history.fault(kind, str(target), "proven" if found.ok else "no-effect", found.evidence)
+        if not found.ok:
+            print(f"  fault {kind}[{target}] without effect ({when}): {found.evidence}")
+        return found.ok
+
+    async def _begin(self, fault: Fault, target: int) -> None:
+        assert self.topology is not None
+        if fault.kind in REPLICA_KINDS:
+            assert self.replica_faults is not None  # off the loop: a kill reads the metrics first
+            offset = clock_offset(self.seed, fault.at_s, target)
+            await asyncio.to_thread(self.replica_faults.begin, fault.kind, target, offset)
+        else:
+            await self.topology.begin(fault.kind, target)
 
     async def _end(self, kind: str, target: int) -> None:
         assert self.topology is not None
-        if kind == "kill-replica":
-            await asyncio.to_thread(self.replicas[target].start)
-        elif kind == "clock-offset":
-            await asyncio.to_thread(self.replicas[target].restart, {})
+        if kind in REPLICA_KINDS:
+            assert self.replica_faults is not None
+            await asyncio.to_thread(self.replica_faults.end, kind, target)
         else:
             await self.topology.end(kind, target)
 
@@ -223,6 +283,8 @@ class Nemesis:
         a = self.args
         tenant = f"nemesis-{seed}-{uuid.uuid4().hex[:6]}"
         path = self.work / f"schedule-{seed}.jsonl"
+        self.seed = seed
+        fired_before, unproven_before = dict(self.fired), Counter(self.unproven)
         history = HistoryWriter(path)
         conversations = await self.create_conversations(tenant, history)
         faults = make_schedule(seed, self.kinds(), a.duration, a.max_fault_seconds)
@@ -242,12 +304,17 @@ class Nemesis:
         hard_end = began + a.duration + max(a.duration, MIN_OVERRUN_S)
 
         async def nemesis() -> None:
+            running: list[asyncio.Task[None]] = []
             for fault in faults:
+                if not fault.overlap and running:  # the one before has ended first
+                    await asyncio.gather(*running)
+                    running.clear()
                 if time.monotonic() + MIN_FAULT_S > hard_end:
                     self.skipped += 1  # out of time even with the overrun: the run fails
                     continue
                 await asyncio.sleep(max(0.0, began + fault.at_s - time.monotonic()))
-                await self.apply(fault, history)
+                running.append(asyncio.create_task(self.apply(fault, history)))
+            await asyncio.gather(*running)
 
         faulting = asyncio.create_task(nemesis())
         await asyncio.sleep(a.duration)
@@ -259,9 +326,14 @@ class Nemesis:
         settled = await work.settle()
         await work.close()
         history.close()
-        own = checker.check(load_file(path))
+        checked = path
+        if a.idempotency_window:  # each use of a key after its window is another key
+            window_ms = int(parse_duration(a.idempotency_window) * 1000)
+            checked, reused = expiry.split_file(path, window_ms)
+            print(f"  keys re-reserved after the {a.idempotency_window} window: {reused}")
+        own = checker.check(load_file(checked))
         html = self.work / f"schedule-{seed}-porcupine.html" if a.keep_dir else None
-        por = await asyncio.to_thread(linearizability.run, path, html)
+        por = await asyncio.to_thread(linearizability.run, checked, html)
         counts = work.counts
         fired = ", ".join(f"{k} x{n}" for k, n in sorted(fault_counts(path).items())) or "none"
         print(
@@ -284,6 +356,20 @@ class Nemesis:
         for line in por.output.splitlines():
             if line.startswith(("conversation ", "visualisation")):
                 print(f"  porcupine: {line}")
+        fired_here = {k: n - fired_before.get(k, 0) for k, n in self.fired.items()}
+        unproven_here = self.unproven - unproven_before
+        unknown_answers = counts.get("unknown", 0) + counts.get("retries", 0)
+        unknown_answers += sum(counts.get(f"error {c}", 0) for c in UNKNOWN_OUTCOME)
+        figures = ScheduleFigures(
+            acks=counts.get("acks", 0),
+            unknown_answers=unknown_answers,
+            min_acks=a.min_acks if a.min_acks is not None else default_min_acks(a.duration),
+            fired=fired_here,
+            unproven=dict(unproven_here),
+        )
+        for line in verdict(figures):
+            print(f"  {line}")
+            self.failures.append(f"{line} (seed {seed})")
         print(f"  anomalies: {len(own)} (checker), {por.anomalies} (porcupine)", flush=True)
         return len(own), por.anomalies
 
@@ -330,6 +416,8 @@ async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
             total_por += por
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.fired.items())) or "none"
         print(f"faults fired over {args.schedules} schedule(s): {kinds}")
+        proven = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.proven.items())) or "none"
+        print(f"faults proven over {args.schedules} schedule(s): {proven}")
         print(f"backend events over {args.schedules} schedule(s): {_events_text(nemesis.events)}")
         for note in nemesis.unsupported:
             print(note)
@@ -338,9 +426,12 @@ async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
         if nemesis.failed:
             failed = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.failed.items()))
             print(f"FAILED: faults that could not start: {failed}")
+        for line in nemesis.failures:
+            print(line)
     finally:
         nemesis.close()
-    return total_own, total_por, nemesis.skipped + sum(nemesis.failed.values())
+    unproven = nemesis.skipped + sum(nemesis.failed.values()) + len(nemesis.failures)
+    return total_own, total_por, unproven
 
 
 def main(argv: list[str] | None = None) -> int:

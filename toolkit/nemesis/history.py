@@ -21,7 +21,8 @@ Lines (every line has ``type``, ``wall_ms`` and ``mono_ns``; ``op`` ids are uniq
   retryable ones: it may take effect later) or ``{"outcome": "not_found"}`` (a resume
   of a key that was never reserved).
 * ``{"type": "fault", "name", "target", "phase": "start" | "failed" | "end"}``: what the nemesis
-  did; checkers ignore these lines.
+  did; ``{"type": "fault", ..., "phase": "proven" | "no-effect", "evidence"}``: what it then
+  observed of the fault's effect (``proof.py``); checkers ignore these lines.
 
 Times: ``mono_ns`` is ``time.monotonic_ns()`` of the one process writing the history
 (all clients run in it), which is what real-time order is judged by.
@@ -198,8 +199,15 @@ class HistoryWriter:
     def not_found(self, op: int) -> None:
         self._write({"type": "complete", "op": op, "outcome": "not_found"})
 
-    def fault(self, name: str, target: str, phase: Literal["start", "failed", "end"]) -> None:
-        self._write({"type": "fault", "name": name, "target": target, "phase": phase})
+    def fault(
+        self,
+        name: str,
+        target: str,
+        phase: Literal["start", "failed", "end", "proven", "no-effect"],
+        evidence: str = "",
+    ) -> None:
+        line = {"type": "fault", "name": name, "target": target, "phase": phase}
+        self._write({**line, "evidence": evidence} if evidence else line)
 
     def close(self) -> None:
         self._file.close()

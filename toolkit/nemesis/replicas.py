@@ -2,11 +2,11 @@
 
 Each replica keeps its gRPC and HTTP ports across restarts, so clients keep their
 channels. ``kill`` is SIGKILL (a crash), ``pause``/``resume`` are SIGSTOP/SIGCONT;
-``start`` waits for the "serving gRPC" log line. Test-only settings that a build may
-not have (``MC_TEST_CLOCK_OFFSET``) are passed as extra environment; ``supports``
-tells whether this build's service code reads one. A replica given a ``root`` runs
-``python -m service.cli`` from that directory (a sabotaged copy, see ``sabotage.py``).
-``events`` is what the replica's backend reported in
+``start`` waits for the "serving gRPC" log line. Extra environment (``faketime``'s
+``LD_PRELOAD`` and ``FAKETIME``: a real clock skew of the whole process) is given at a
+restart; ``supports`` tells whether this build's code mentions a test-only setting.
+A replica given a ``root`` runs ``python -m service.cli`` from that directory (a
+sabotaged copy, see ``sabotage.py``). ``events`` is what the replica's backend reported in
 ``message_committer_backend_events_total`` (Scylla's ``direct_timeout``: proof that
 the direct path's own timeout ran), over every process it was: each is scraped
 before it is stopped or killed, and counters start again with the next one.
@@ -89,6 +89,17 @@ class Replica:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self.running else None
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        """The replica's log from byte ``offset`` on (every process of it)."""
+        return self._log_since(offset)
 
     def start(self) -> None:
         if self.running:

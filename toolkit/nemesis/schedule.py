@@ -1,10 +1,14 @@
 """Seeded, replayable fault schedules.
 
-A schedule is a list of faults, one after another, each with a start time, a target
-and a duration, drawn from ``random.Random(seed)`` alone: the same seed, kinds and
-duration give the same schedule (``--seed K`` replays it). The first faults of a
-schedule walk through every available kind in a seeded order, so that even short
-schedules fire each kind; later ones are drawn at random.
+A schedule is a list of faults, each with a start time, targets and a duration,
+drawn from ``random.Random(seed)`` alone: the same seed, kinds and duration give the
+same schedule (``--seed K`` replays it). The first faults of a schedule walk through
+every available kind in a seeded order, one after another, so that even short
+schedules fire each kind; later ones are drawn at random, and some of them
+(``OVERLAP_P``) get a second fault that begins while they run (``overlap``): two
+faults at once, always of different domains (storage and replicas), so that each
+one's effect can still be observed alone. A kind may hit several targets at once
+(``FaultKind.most``: two of three CQL nodes down).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ MAX_FAULT_S = 8.0
 MIN_GAP_S = 1.0
 MAX_GAP_S = 3.0
 END_MARGIN_S = 1.0
+OVERLAP_P = 0.35
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +33,13 @@ class Fault:
     targets: tuple[int, ...]
     at_s: float
     for_s: float
+    overlap: bool = False
+    """Begins while the fault before it still runs (instead of after it)."""
 
     def describe(self) -> str:
         where = ",".join(str(t) for t in self.targets)
-        return f"{self.at_s:5.1f}s +{self.for_s:.1f}s {self.kind}[{where}]"
+        both = " (overlapping)" if self.overlap else ""
+        return f"{self.at_s:5.1f}s +{self.for_s:.1f}s {self.kind}[{where}]{both}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,8 @@ class FaultKind:
     name: str
     pool: int
     most: int = 1
+    domain: str = "storage"
+    """What it hits (storage, replica): overlapping faults have different domains."""
 
 
 def make_schedule(
@@ -52,15 +62,31 @@ def make_schedule(
     order = rng.sample(kinds, len(kinds))
     faults: list[Fault] = []
     t = FIRST_FAULT_S
+    end_s = duration_s - END_MARGIN_S
     while kinds:
+        walking = bool(order)
         kind = order.pop(0) if order else rng.choice(kinds)
         length = rng.uniform(MIN_FAULT_S, max(MIN_FAULT_S, max_fault_s))
-        if t + length > duration_s - END_MARGIN_S:
-            length = duration_s - END_MARGIN_S - t
+        if t + length > end_s:
+            length = end_s - t
             if length < MIN_FAULT_S:
                 break
-        count = rng.randint(1, max(1, min(kind.most, kind.pool)))
-        targets = tuple(sorted(rng.sample(range(kind.pool), count)))
-        faults.append(Fault(kind.name, targets, round(t, 2), round(length, 2)))
-        t += length + rng.uniform(MIN_GAP_S, MAX_GAP_S)
+        faults.append(_fault(rng, kind, t, length))
+        ends = t + length
+        others = [k for k in kinds if k.domain != kind.domain]
+        if not walking and others and rng.random() < OVERLAP_P:
+            at = t + rng.uniform(0.5, length / 2)
+            second = min(rng.uniform(MIN_FAULT_S, max(MIN_FAULT_S, max_fault_s)), end_s - at)
+            if second >= MIN_FAULT_S:
+                faults.append(_fault(rng, rng.choice(others), at, second, overlap=True))
+                ends = max(ends, at + second)
+        t = ends + rng.uniform(MIN_GAP_S, MAX_GAP_S)
     return faults
+
+
+def _fault(
+    rng: random.Random, kind: FaultKind, at: float, length: float, overlap: bool = False
+) -> Fault:
+    count = rng.randint(1, max(1, min(kind.most, kind.pool)))
+    targets = tuple(sorted(rng.sample(range(kind.pool), count)))
+    return Fault(kind.name, targets, round(at, 2), round(length, 2), overlap)

@@ -9,10 +9,16 @@
   form (``redis+sentinel://``) the Redis backend must support.
 
 Fault kinds of the storage: ``kill-node`` (SIGKILL, restarted at the fault's end),
-``pause-node`` (SIGSTOP / SIGCONT), and the toxics ``latency``, ``timeout`` (data
-swallowed: replies to conditional writes go missing) and ``reset-peer`` on one or
-more node proxies. The launchers live in the development checkout (``deploy/``,
-``tests/servers/``), as the benchmark's do.
+``pause-node`` (SIGSTOP / SIGCONT), both on up to all nodes but one at once (two of
+three CQL nodes down: commits are refused, never ACKed twice), and toxics on one or
+more node proxies: ``latency`` (250 +- 150 ms), ``latency-long`` (6 s, above every
+request timeout), ``timeout`` (requests swallowed on the way to the node),
+``timeout-reply`` (the request runs, its reply is swallowed: a lost reply),
+``reset-peer`` (reset before the node) and ``reset-reply`` (reset after the request was
+sent on). Each fault's effect is observed right after it begins (``prove_begin``) and
+a kill's restart at its end (``prove_end``); ``proof.py`` judges what was seen. The
+launchers live in the development checkout (``deploy/``, ``tests/servers/``), as the
+benchmark's do.
 """
 
 from __future__ import annotations
@@ -26,17 +32,34 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from toolkit.nemesis import proof
 from toolkit.nemesis import toxiproxy as tp
+from toolkit.nemesis.proof import Counters, Proof, ToxicSpec
 from toolkit.nemesis.schedule import FaultKind
 from toolkit.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_LAUNCHER = REPO / "deploy" / "cassandra" / "cassandra_cluster.py"
-TOXICS = {
-    "latency": lambda: tp.latency(250, 150),
-    "timeout": lambda: tp.timeout(0),
-    "reset-peer": lambda: tp.reset_peer(0),
+LONG_LATENCY_MS = 6000
+"""Above the Scylla driver's 5 s request timeout, Redis's 2 s socket timeout and the
+workload's 4 s attempt timeout: every call through it times out."""
+TOXICS: dict[str, ToxicSpec] = {
+    "latency": ToxicSpec("latency", "downstream", 250, 150),
+    "latency-long": ToxicSpec("latency", "downstream", LONG_LATENCY_MS),
+    "timeout": ToxicSpec("timeout", "upstream"),
+    "timeout-reply": ToxicSpec("timeout", "downstream"),
+    "reset-peer": ToxicSpec("reset_peer", "upstream"),
+    "reset-reply": ToxicSpec("reset_peer", "downstream"),
 }
+
+
+def toxic(spec: ToxicSpec) -> tp.Toxic:
+    stream: tp.Stream = "upstream" if spec.stream == "upstream" else "downstream"
+    if spec.kind == "latency":
+        return tp.latency(spec.latency_ms, spec.jitter_ms, stream)
+    if spec.kind == "timeout":
+        return tp.timeout(0, stream)
+    return tp.reset_peer(0, stream)
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -62,22 +85,24 @@ class Topology:
 
     backend = ""
     node_count = 1
+    probe_request = b""
+    """A request every node answers at once, sent through a proxy to prove a toxic."""
 
     def __init__(self, work: Path, toxi: tp.Toxiproxy) -> None:
         self.work = work
         self.toxi = toxi
         self.proxies: list[str] = []  # one proxy name per node
+        self.listen: list[str] = []  # the address each proxy listens on
         self._toxics: dict[tuple[str, int], str] = {}
+        self._pids: dict[tuple[str, int], int | None] = {}
 
     def fault_kinds(self) -> list[FaultKind]:
         n = self.node_count
-        return [
-            FaultKind("kill-node", n),
-            FaultKind("pause-node", n),
-            FaultKind("latency", n, most=n),
-            FaultKind("timeout", n, most=max(1, n - 1)),
-            FaultKind("reset-peer", n, most=max(1, n - 1)),
-        ]
+        most = max(1, n - 1)  # a majority of three may be down: two nodes at once
+        kinds = [FaultKind("kill-node", n, most), FaultKind("pause-node", n, most)]
+        for name in TOXICS:
+            kinds.append(FaultKind(name, n, most=n if name.startswith("latency") else most))
+        return kinds
 
     async def start(self) -> None:
         raise NotImplementedError
@@ -90,13 +115,60 @@ class Topology:
 
     async def begin(self, kind: str, target: int) -> None:
         if kind in TOXICS:
-            self._toxics[(kind, target)] = self.toxi.add_toxic(self.proxies[target], TOXICS[kind]())
+            added = self.toxi.add_toxic(self.proxies[target], toxic(TOXICS[kind]))
+            self._toxics[(kind, target)] = added
         elif kind == "kill-node":
+            self._pids[(kind, target)] = self.node_pid(target)
             self.node(target).kill()
         elif kind == "pause-node":
+            self._pids[(kind, target)] = self.node_pid(target)
             self.node(target).pause()
         else:
             raise ValueError(f"unknown storage fault {kind}")
+
+    def prove_begin(self, kind: str, target: int) -> Proof:
+        """Observe the effect of ``kind`` on ``target`` just after it began (blocking)."""
+        if kind in TOXICS:
+            return self._prove_toxic(TOXICS[kind], target)
+        pid = self._pids.get((kind, target))
+        if kind.startswith("kill-"):
+            state = proof.wait_state(pid, ("", "Z", "X")) if pid else "?"
+            return proof.judge_kill(pid, state)
+        if kind.startswith("pause-"):
+            state = proof.wait_state(pid, ("T", "t")) if pid else "?"
+            return proof.judge_pause(pid, state)
+        return Proof(False, f"no proof for {kind}")
+
+    def prove_end(self, kind: str, target: int) -> Proof | None:
+        """After a kill's end: the restarted node answers its probe (not through its
+        proxy, which another fault may hold). None: nothing to prove at the end."""
+        if not kind.startswith("kill-"):
+            return None
+        address = self.node_address(target, kind)
+        result = proof.probe(address, self.probe_request, 5.0)
+        pid = self.node_pid(target, kind)
+        answer = result.failure or "answered"
+        return Proof(bool(result.reply), f"restarted as pid {pid}: probe {answer}"
+                     f" in {result.elapsed_s * 1000:.0f} ms")  # fmt: skip
+
+    def _prove_toxic(self, spec: ToxicSpec, target: int) -> Proof:
+        proxy = self.proxies[target]
+        before = self._counters(proxy)
+        wait = (spec.latency_ms + spec.jitter_ms) / 1000 + 3.0 if spec.kind == "latency" else 0
+        result = proof.probe(self.listen[target], self.probe_request, wait or proof.QUIET_S)
+        sent = len(self.probe_request)
+        return proof.settled_toxic_proof(spec, result, before, lambda: self._counters(proxy), sent)
+
+    def _counters(self, proxy: str) -> Counters:
+        c = self.toxi.byte_counters(proxy)
+        return Counters(c.get("upstream received", 0), c.get("upstream sent", 0),
+                        c.get("downstream received", 0), c.get("downstream sent", 0))  # fmt: skip
+
+    def node_pid(self, index: int, kind: str = "") -> int | None:
+        raise NotImplementedError
+
+    def node_address(self, index: int, kind: str = "") -> str:
+        raise NotImplementedError
 
     async def end(self, kind: str, target: int) -> None:
         if kind in TOXICS:
@@ -129,6 +201,7 @@ class Topology:
 class ScyllaTopology(Topology):
     backend = "scylla"
     node_count = 3
+    probe_request = proof.CQL_OPTIONS
 
     def __init__(self, work: Path, toxi: tp.Toxiproxy, nodes: int = 3) -> None:
         super().__init__(work, toxi)
@@ -149,6 +222,7 @@ class ScyllaTopology(Topology):
             port = free_port()
             self.toxi.create_proxy(name, f"127.0.0.1:{port}", f"{host}:{self.cluster.port}")
             self.proxies.append(name)
+            self.listen.append(f"127.0.0.1:{port}")
             self.routes[host] = port
         await migrate(
             self.cluster.contact_points,
@@ -172,6 +246,13 @@ class ScyllaTopology(Topology):
     def node(self, index: int) -> Any:
         return self.cluster.nodes[index]
 
+    def node_pid(self, index: int, kind: str = "") -> int | None:
+        pid = self.node(index).pid
+        return int(pid) if pid is not None else None
+
+    def node_address(self, index: int, kind: str = "") -> str:
+        return f"{self.cluster.contact_points[index]}:{self.cluster.port}"
+
     async def restart_node(self, index: int) -> None:
         if not self.node(index).is_running():
             await asyncio.to_thread(self.cluster.start_node, index)
@@ -184,6 +265,7 @@ class ScyllaTopology(Topology):
 class RedisTopology(Topology):
     backend = "redis"
     node_count = 1
+    probe_request = proof.REDIS_PING
 
     def __init__(self, work: Path, toxi: tp.Toxiproxy, kind: str = "standalone") -> None:
         super().__init__(work, toxi)
@@ -214,6 +296,7 @@ class RedisTopology(Topology):
             listen = f"127.0.0.1:{self.proxy_port}"
             self.toxi.create_proxy("redis0", listen, self.nodes[0].address)
             self.proxies.append("redis0")
+            self.listen.append(listen)
         await self._initialise()
 
     async def _initialise(self) -> None:
@@ -236,12 +319,13 @@ class RedisTopology(Topology):
         return {"MC_REDIS_URL": f"redis://127.0.0.1:{self.proxy_port}/0"}
 
     async def begin(self, kind: str, target: int) -> None:
-        if kind == "kill-master":
+        if kind in ("kill-master", "pause-master"):
             self._victim = self.sentinel.current_master()
-            self._victim.kill()
-        elif kind == "pause-master":
-            self._victim = self.sentinel.current_master()
-            self._victim.pause()
+            self._pids[(kind, target)] = _pid(self._victim)
+            if kind == "kill-master":
+                self._victim.kill()
+            else:
+                self._victim.pause()
         else:
             await super().begin(kind, target)
 
@@ -255,6 +339,12 @@ class RedisTopology(Topology):
 
     def node(self, index: int) -> Any:
         return self.nodes[index]
+
+    def node_pid(self, index: int, kind: str = "") -> int | None:
+        return _pid(self._victim if kind.endswith("-master") else self.node(index))
+
+    def node_address(self, index: int, kind: str = "") -> str:
+        return str((self._victim if kind.endswith("-master") else self.node(index)).address)
 
     async def restart_node(self, index: int) -> None:
         if not self.node(index).running:
@@ -270,3 +360,9 @@ class RedisTopology(Topology):
             self.sentinel.close()
         else:
             self.nodes[0].kill()
+
+
+def _pid(node: Any) -> int | None:
+    """A RedisNode's pid (None when it is not running)."""
+    process = getattr(node, "_process", None)
+    return int(process.pid) if process is not None and process.poll() is None else None

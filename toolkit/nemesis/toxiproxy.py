@@ -9,7 +9,9 @@ into ``.tools/bin`` from the Go module proxy) on a free loopback port;
   ``bandwidth`` constructors, ``remove_toxic``;
 * ``reset()``: every proxy enabled again and every toxic removed (the heal step);
 * ``bytes_through(proxy)``: bytes the proxy forwarded, from its Prometheus metrics
-  (the server runs with ``-proxy-metrics``), to prove traffic really goes through it.
+  (the server runs with ``-proxy-metrics``), to prove traffic really goes through it;
+  ``byte_counters(proxy)``: received and sent on per direction, to prove a toxic's
+  effect (``proof.py``).
 
 Only loopback addresses are accepted as listen or upstream addresses.
 """
@@ -39,7 +41,7 @@ START_TIMEOUT_S = 15.0
 HTTP_TIMEOUT_S = 5.0
 Stream = Literal["upstream", "downstream"]
 _BYTES = re.compile(
-    r'^toxiproxy_proxy_sent_bytes_total\{direction="(\w+)",listener="[^"]*",'
+    r'^toxiproxy_proxy_(sent|received)_bytes_total\{direction="(\w+)",listener="[^"]*",'
     r'proxy="([^"]+)",upstream="[^"]*"\}\s+([0-9.eE+]+)$'
 )
 
@@ -171,14 +173,22 @@ class Toxiproxy:
 
     def bytes_through(self, proxy: str) -> int:
         """Bytes ``proxy`` sent on, both directions (needs ``-proxy-metrics``)."""
+        counts = self.byte_counters(proxy)
+        return counts.get("upstream sent", 0) + counts.get("downstream sent", 0)
+
+    def byte_counters(self, proxy: str) -> dict[str, int]:
+        """``proxy``'s byte counters by ``"<direction> <received|sent>"`` (upstream:
+        client to server; received from the source, sent on), from ``/metrics``: a
+        toxic that swallows data shows as received and not sent."""
         with urllib.request.urlopen(self.api + "/metrics", timeout=HTTP_TIMEOUT_S) as response:
             text = response.read().decode("utf-8", "replace")
-        total = 0.0
+        counts: dict[str, int] = {}
         for line in text.splitlines():
             match = _BYTES.match(line)
-            if match and match.group(2) == proxy:
-                total += float(match.group(3))
-        return int(total)
+            if match and match.group(3) == proxy:
+                key = f"{match.group(2)} {match.group(1)}"
+                counts[key] = counts.get(key, 0) + int(float(match.group(4)))
+        return counts
 
 
 class ToxiproxyServer:
