@@ -19,9 +19,11 @@ loop's CPU, for machinery this backend never uses: the driver never retries
 * the stream id is borrowed from that host's pool with the routing key and
   token (Scylla's shard awareness), without waiting (``borrow.py``), and
   given back with the answer;
-* the message is the driver's ``ExecuteMessage`` / ``BatchMessage`` with the
-  profile's consistency levels and the cluster's client timestamp, encoded
-  and decoded by the session's protocol handler. Rows come without their
+* the message is a ``frames.Frame`` (the fields of the driver's
+  ``ExecuteMessage`` / ``BatchMessage``) with the profile's consistency levels
+  and the cluster's client timestamp, packed by ``frames.encode`` (byte-equal
+  to the driver's frame: ``send_path.check_frames``) and decoded by the
+  session's protocol handler. Rows come without their
   metadata only where the driver itself asks for that (the result-metadata
   id was negotiated: Scylla's extension), so an ``ALTER`` after PREPARE is
   always seen;
@@ -68,9 +70,7 @@ from cassandra.pool import NoConnectionsAvailable
 from cassandra.protocol import (
     RESULT_KIND_ROWS,
     RESULT_KIND_VOID,
-    BatchMessage,
     ErrorMessage,
-    ExecuteMessage,
     PreparedQueryNotFound,
     ResultMessage,
 )
@@ -82,6 +82,9 @@ from cassandra.query import (
     PreparedStatement,
     dict_factory,
 )
+
+from backends.scylla.frames import BATCH, EXECUTE, Frame
+from backends.scylla.frames import encode as encode_frame
 
 Rows = list[dict[str, Any]]
 Params = Sequence[object]
@@ -261,7 +264,7 @@ class DirectSender:
                 message,
                 request_id,
                 cb=request.on_response,
-                encoder=self._handler.encode_message,
+                encoder=encode_frame,
                 decoder=self._handler.decode_message,
                 result_metadata=None if call.batch else plan.prepared.result_metadata,
             )
@@ -301,31 +304,29 @@ class DirectSender:
                 return host
         return None
 
-    def _message(self, call: Call, encoded: list[tuple[list[bytes | None], _Plan]]) -> Any:
+    def _message(self, call: Call, encoded: list[tuple[list[bytes | None], _Plan]]) -> Frame:
         cl = self._cl if call.consistency is None else call.consistency
         serial = self._serial_cl
         timestamp = None
         if self._session.use_client_timestamp:
             timestamp = self._cluster.timestamp_generator()
         if call.batch:
-            queries = [(True, plan.prepared.query_id, values) for values, plan in encoded]
-            return BatchMessage(BatchType.UNLOGGED, queries, cl, serial, timestamp)
+            queries = [(plan.prepared.query_id, values) for values, plan in encoded]
+            return Frame(BATCH, queries, cl, serial, timestamp)
         values, plan = encoded[0]
         # As the driver does: metadata and id read as one pair; the rows come back
         # without metadata only when the connection negotiated the id
         # (``ExecuteMessage._should_skip_metadata``), so a changed schema is seen.
         metadata, metadata_id = plan.prepared.result_metadata_and_id
-        return ExecuteMessage(
-            plan.prepared.query_id,
-            values,
+        return Frame(
+            EXECUTE,
+            ((plan.prepared.query_id, values),),
             cl,
             serial,
-            self._session.default_fetch_size,
-            None,
             timestamp,
+            fetch_size=self._session.default_fetch_size,
             skip_meta=bool(metadata) and metadata_id is not None,
             result_metadata_id=metadata_id,
-            tablet_version_block=0,  # no tablets: the backend refuses such keyspaces
         )
 
     def _expire_at(self, request: _Request, due: float) -> None:

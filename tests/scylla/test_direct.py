@@ -250,9 +250,9 @@ async def test_a_driver_part_that_breaks_at_run_time_turns_the_path_off_loudly(
     """Not a silent hand-over per request: one warning, one event, then the driver."""
 
     def changed(*args: object, **kwargs: object) -> None:
-        raise TypeError("__init__() got an unexpected keyword argument")
+        raise TypeError("encode() got an unexpected keyword argument")  # send_msg changed
 
-    monkeypatch.setattr(direct_module, "ExecuteMessage", changed)
+    monkeypatch.setattr(direct_module, "encode_frame", changed)
     with caplog.at_level(logging.WARNING, logger="backends.scylla.session"):
         await cql.write("put", ("a", "b", 1, 10))
         await cql.write("put", ("a", "b", 2, 20))
