@@ -85,6 +85,7 @@ from cassandra.query import (
 
 from backends.scylla.frames import BATCH, EXECUTE, Frame
 from backends.scylla.frames import encode as encode_frame
+from backends.scylla.results import Decode, ResultCache
 
 Rows = list[dict[str, Any]]
 Params = Sequence[object]
@@ -152,11 +153,13 @@ class Call:
 class _Plan:
     """What a prepared statement needs per request, worked out once."""
 
-    __slots__ = ("keyspace", "prepared", "routing", "serializers", "table")
+    __slots__ = ("keyspace", "prepared", "results", "routing", "serializers", "table")
 
-    def __init__(self, prepared: PreparedStatement) -> None:
+    def __init__(self, prepared: PreparedStatement, decode: Decode) -> None:
         meta = prepared.column_metadata or ()
         self.prepared = prepared
+        self.results = ResultCache(decode)
+        """Its answers' metadata, parsed once per shape (``results.py``)."""
         self.serializers = tuple(column.type.serialize for column in meta)
         self.routing: tuple[int, ...] = tuple(prepared.routing_key_indexes or ())
         self.keyspace = meta[0].keyspace_name if meta else None
@@ -265,7 +268,7 @@ class DirectSender:
                 request_id,
                 cb=request.on_response,
                 encoder=encode_frame,
-                decoder=self._handler.decode_message,
+                decoder=self._handler.decode_message if call.batch else plan.results.decode,
                 result_metadata=None if call.batch else plan.prepared.result_metadata,
             )
         except _NOT_QUEUED:  # closed or busy, nothing queued: the driver's path decides
@@ -283,7 +286,7 @@ class DirectSender:
         # The plan holds its statement, so the id is never reused while it is here.
         plan = self._plans.get(id(prepared))
         if plan is None:
-            plan = self._plans[id(prepared)] = _Plan(prepared)
+            plan = self._plans[id(prepared)] = _Plan(prepared, self._handler.decode_message)
         return plan
 
     def _coordinator(self, replicas: Sequence[Any], ordered: bool) -> Any:
