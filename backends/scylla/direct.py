@@ -23,7 +23,8 @@ loop's CPU, for machinery this backend never uses: the driver never retries
   ``ExecuteMessage`` / ``BatchMessage``) with the profile's consistency levels
   and the cluster's client timestamp, packed by ``frames.encode`` (byte-equal
   to the driver's frame: ``send_path.check_frames``) and decoded by the
-  session's protocol handler. Rows come without their
+  session's protocol handler, rows answers with their metadata parsed once
+  per statement and shape (``results.py``). Rows come without their
   metadata only where the driver itself asks for that (the result-metadata
   id was negotiated: Scylla's extension), so an ``ALTER`` after PREPARE is
   always seen;
