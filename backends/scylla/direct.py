@@ -19,9 +19,12 @@ loop's CPU, for machinery this backend never uses: the driver never retries
 * the stream id is borrowed from that host's pool with the routing key and
   token (Scylla's shard awareness), without waiting (``borrow.py``), and
   given back with the answer;
-* the message is the driver's ``ExecuteMessage`` / ``BatchMessage`` with the
-  profile's consistency levels and the cluster's client timestamp, encoded
-  and decoded by the session's protocol handler. Rows come without their
+* the message is a ``frames.Frame`` (the fields of the driver's
+  ``ExecuteMessage`` / ``BatchMessage``) with the profile's consistency levels
+  and the cluster's client timestamp, packed by ``frames.encode`` (byte-equal
+  to the driver's frame: ``send_path.check_frames``) and decoded by the
+  session's protocol handler, rows answers with their metadata parsed once
+  per statement and shape (``results.py``). Rows come without their
   metadata only where the driver itself asks for that (the result-metadata
   id was negotiated: Scylla's extension), so an ``ALTER`` after PREPARE is
   always seen;
@@ -68,9 +71,7 @@ from cassandra.pool import NoConnectionsAvailable
 from cassandra.protocol import (
     RESULT_KIND_ROWS,
     RESULT_KIND_VOID,
-    BatchMessage,
     ErrorMessage,
-    ExecuteMessage,
     PreparedQueryNotFound,
     ResultMessage,
 )
@@ -82,6 +83,10 @@ from cassandra.query import (
     PreparedStatement,
     dict_factory,
 )
+
+from backends.scylla.frames import BATCH, EXECUTE, Frame
+from backends.scylla.frames import encode as encode_frame
+from backends.scylla.results import Decode, ResultCache
 
 Rows = list[dict[str, Any]]
 Params = Sequence[object]
@@ -149,11 +154,13 @@ class Call:
 class _Plan:
     """What a prepared statement needs per request, worked out once."""
 
-    __slots__ = ("keyspace", "prepared", "routing", "serializers", "table")
+    __slots__ = ("keyspace", "prepared", "results", "routing", "serializers", "table")
 
-    def __init__(self, prepared: PreparedStatement) -> None:
+    def __init__(self, prepared: PreparedStatement, decode: Decode) -> None:
         meta = prepared.column_metadata or ()
         self.prepared = prepared
+        self.results = ResultCache(decode)
+        """Its answers' metadata, parsed once per shape (``results.py``)."""
         self.serializers = tuple(column.type.serialize for column in meta)
         self.routing: tuple[int, ...] = tuple(prepared.routing_key_indexes or ())
         self.keyspace = meta[0].keyspace_name if meta else None
@@ -261,8 +268,8 @@ class DirectSender:
                 message,
                 request_id,
                 cb=request.on_response,
-                encoder=self._handler.encode_message,
-                decoder=self._handler.decode_message,
+                encoder=encode_frame,
+                decoder=self._handler.decode_message if call.batch else plan.results.decode,
                 result_metadata=None if call.batch else plan.prepared.result_metadata,
             )
         except _NOT_QUEUED:  # closed or busy, nothing queued: the driver's path decides
@@ -280,7 +287,7 @@ class DirectSender:
         # The plan holds its statement, so the id is never reused while it is here.
         plan = self._plans.get(id(prepared))
         if plan is None:
-            plan = self._plans[id(prepared)] = _Plan(prepared)
+            plan = self._plans[id(prepared)] = _Plan(prepared, self._handler.decode_message)
         return plan
 
     def _coordinator(self, replicas: Sequence[Any], ordered: bool) -> Any:
@@ -301,31 +308,29 @@ class DirectSender:
                 return host
         return None
 
-    def _message(self, call: Call, encoded: list[tuple[list[bytes | None], _Plan]]) -> Any:
+    def _message(self, call: Call, encoded: list[tuple[list[bytes | None], _Plan]]) -> Frame:
         cl = self._cl if call.consistency is None else call.consistency
         serial = self._serial_cl
         timestamp = None
         if self._session.use_client_timestamp:
             timestamp = self._cluster.timestamp_generator()
         if call.batch:
-            queries = [(True, plan.prepared.query_id, values) for values, plan in encoded]
-            return BatchMessage(BatchType.UNLOGGED, queries, cl, serial, timestamp)
+            queries = [(plan.prepared.query_id, values) for values, plan in encoded]
+            return Frame(BATCH, queries, cl, serial, timestamp)
         values, plan = encoded[0]
         # As the driver does: metadata and id read as one pair; the rows come back
         # without metadata only when the connection negotiated the id
         # (``ExecuteMessage._should_skip_metadata``), so a changed schema is seen.
         metadata, metadata_id = plan.prepared.result_metadata_and_id
-        return ExecuteMessage(
-            plan.prepared.query_id,
-            values,
+        return Frame(
+            EXECUTE,
+            ((plan.prepared.query_id, values),),
             cl,
             serial,
-            self._session.default_fetch_size,
-            None,
             timestamp,
+            fetch_size=self._session.default_fetch_size,
             skip_meta=bool(metadata) and metadata_id is not None,
             result_metadata_id=metadata_id,
-            tablet_version_block=0,  # no tablets: the backend refuses such keyspaces
         )
 
     def _expire_at(self, request: _Request, due: float) -> None:

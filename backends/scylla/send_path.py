@@ -1,7 +1,7 @@
 """Which send path a session takes: the direct one only where it is proven to be the driver's.
 
 ``direct.py`` builds frames with private parts of scylla-driver (``Session._pools``,
-``Connection._requests``, ``ExecuteMessage``'s keywords, ...). Those parts are not
+``Connection._requests``, ``ProtocolHandler.encode_message``'s parameters, ...). Those parts are not
 an API: any release may change them. So the direct path is used only when
 
 * the installed driver is the release it was built for (``BUILT_FOR``, pinned in
@@ -36,10 +36,11 @@ from cassandra import ConsistencyLevel, cqltypes
 from cassandra.cluster import Session
 from cassandra.connection import Connection, DefaultEndPoint
 from cassandra.pool import HostConnection
-from cassandra.protocol import BatchMessage, ExecuteMessage
+from cassandra.protocol import ExecuteMessage, ProtocolHandler
 from cassandra.query import PreparedStatement
 
 from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
+from backends.scylla.frames import encode as encode_frame
 
 BUILT_FOR = "3.29.12"
 """The scylla-driver release direct.py was written against and checked with."""
@@ -63,27 +64,16 @@ _SIGNATURES: tuple[tuple[Any, str, tuple[str, ...]], ...] = (
     ),
     (Connection, "defunct", ("self", "exc")),
     (
-        ExecuteMessage,
-        "__init__",
+        ProtocolHandler,
+        "encode_message",
         (
-            "self",
-            "query_id",
-            "query_params",
-            "consistency_level",
-            "serial_consistency_level",
-            "fetch_size",
-            "paging_state",
-            "timestamp",
-            "skip_meta",
-            "continuous_paging_options",
-            "result_metadata_id",
-            "tablet_version_block",
+            "msg",
+            "stream_id",
+            "protocol_version",
+            "compressor",
+            "allow_beta_protocol_version",
+            "protocol_features",
         ),
-    ),
-    (
-        BatchMessage,
-        "__init__",
-        ("self", "batch_type", "queries", "consistency_level", "serial_consistency_level"),
     ),
     (
         PreparedStatement,
@@ -169,9 +159,9 @@ def check_frames(
             ).message
             _align(ours, theirs)
             for feature_set in features:
-                mine, driver = (
-                    handler.encode_message(m, _STREAM, PROTOCOL_VERSION, None, False, feature_set)
-                    for m in (ours, theirs)
+                mine = encode_frame(ours, _STREAM, PROTOCOL_VERSION, None, False, feature_set)
+                driver = handler.encode_message(
+                    theirs, _STREAM, PROTOCOL_VERSION, None, False, feature_set
                 )
                 if mine != driver:
                     kind = "batch" if call.batch else "execute"

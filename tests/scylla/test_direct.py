@@ -250,9 +250,9 @@ async def test_a_driver_part_that_breaks_at_run_time_turns_the_path_off_loudly(
     """Not a silent hand-over per request: one warning, one event, then the driver."""
 
     def changed(*args: object, **kwargs: object) -> None:
-        raise TypeError("__init__() got an unexpected keyword argument")
+        raise TypeError("encode() got an unexpected keyword argument")  # send_msg changed
 
-    monkeypatch.setattr(direct_module, "ExecuteMessage", changed)
+    monkeypatch.setattr(direct_module, "encode_frame", changed)
     with caplog.at_level(logging.WARNING, logger="backends.scylla.session"):
         await cql.write("put", ("a", "b", 1, 10))
         await cql.write("put", ("a", "b", 2, 20))
@@ -332,3 +332,55 @@ async def test_the_loop_stays_responsive_while_every_stream_of_the_connection_is
     assert read == [] and applied is True
     assert cql.off_loop.started == 2
     assert await cql.read("get", ("a", "b")) == [{"c": 1, "v": 1}]
+
+
+async def test_rows_answers_reuse_parsed_metadata_and_still_see_a_schema_change(
+    cql: CqlSession,
+) -> None:
+    """``results.py``: an answer whose metadata bytes were seen before skips the
+    driver's metadata parse (collections, a tuple and a UDT here) and decodes the
+    same rows; an ``ALTER`` changes the bytes, so the new column is seen."""
+    table = f"{cql.probe}_meta"  # type: ignore[attr-defined]
+    udt = f"{cql.probe}_pt"  # type: ignore[attr-defined]
+    await cql.simple(f"CREATE TYPE {{ks}}.{udt} (x int, tags frozen<set<text>>)", timeout_s=30)
+    await cql.simple(
+        f"CREATE TABLE {{ks}}.{table} (a text PRIMARY KEY, m frozen<map<text, list<int>>>,"
+        f" t tuple<int, text>, u frozen<{udt}>, s set<text>)",
+        timeout_s=30,
+    )
+    try:
+        await cql.prepare(
+            {
+                "meta_put": f"INSERT INTO {{ks}}.{table} (a, m, t, s) VALUES (?, ?, ?, ?)",
+                "meta_new": f"INSERT INTO {{ks}}.{table} (a, s) VALUES (?, ?) IF NOT EXISTS",
+                "meta_get": f"SELECT * FROM {{ks}}.{table} WHERE a = ?",
+            }
+        )
+        await cql.simple(
+            f"UPDATE {cql.keyspace}.{table} SET u = {{x: 7, tags: {{'p', 'q'}}}} WHERE a = 'k'",
+            raw=True,
+        )
+        await cql.write("meta_put", ("k", {"one": [1, 2]}, (3, "three"), {"s1"}))
+        cache = _direct(cql)._plan(cql._prepared["meta_get"]).results
+        answers = [await cql.read("meta_get", ("k",)) for _ in range(3)]
+        assert answers[0] == answers[1] == answers[2]
+        (row,) = answers[0]
+        assert row["m"] == {"one": [1, 2]} and row["t"] == (3, "three")
+        assert row["u"].x == 7 and row["u"].tags == {"p", "q"} and row["s"] == {"s1"}
+        assert cache.hits == 2
+        lwt = _direct(cql)._plan(cql._prepared["meta_new"]).results
+        assert [await cql.cas("meta_new", (key, {"x"})) for key in ("n1", "n2", "k", "k")] == [
+            True,
+            True,
+            False,
+            False,
+        ]
+        assert lwt.hits == 2  # [applied] alone, then [applied] with the row: one each
+        await cql.simple(f"ALTER TABLE {{ks}}.{table} ADD w text", timeout_s=30)
+        await cql.simple(f"UPDATE {{ks}}.{table} SET w = 'new' WHERE a = 'k'")
+        (row,) = await cql.read("meta_get", ("k",))
+        assert row["w"] == "new" and row["m"] == {"one": [1, 2]}
+        assert cache.hits == 2
+    finally:
+        await cql.simple(f"DROP TABLE IF EXISTS {{ks}}.{table}", timeout_s=30)
+        await cql.simple(f"DROP TYPE IF EXISTS {{ks}}.{udt}", timeout_s=30)

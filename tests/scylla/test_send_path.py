@@ -25,11 +25,12 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.policies import HostDistance
-from cassandra.protocol import ColumnMetadata, ExecuteMessage
+from cassandra.protocol import ColumnMetadata, ProtocolHandler
+from cassandra.protocol_features import ProtocolFeatures
 from cassandra.query import PreparedStatement
 from prometheus_client import generate_latest
 
-from backends.scylla import send_path
+from backends.scylla import frames, send_path
 from backends.scylla.direct import PROTOCOL_VERSION, Call, DirectSender
 from backends.scylla.session import CqlSession, execution_profile
 from service import config
@@ -136,6 +137,34 @@ async def test_the_direct_frames_are_the_drivers_own_for_every_shape(offline: Of
     assert send_path.check_frames(offline.direct, statements) == 3 * len(statements)
 
 
+@pytest.mark.parametrize(
+    "features",
+    [
+        None,
+        ProtocolFeatures(),
+        ProtocolFeatures(use_metadata_id=True),
+        ProtocolFeatures(tablets_routing_v2=True),
+        ProtocolFeatures(use_metadata_id=True, tablets_routing_v2=True, shard_id=3),
+    ],
+)
+async def test_the_hand_packed_frames_are_the_drivers_own_on_every_feature_set(
+    offline: Offline, features: ProtocolFeatures | None
+) -> None:
+    """``frames.encode`` packs EXECUTE and BATCH itself: Cassandra's layout and the
+    two Scylla extensions (metadata id and SKIP_METADATA, the tablet byte), also
+    through the driver's own encoder (a compressor would take that way)."""
+    statements = list(shapes())
+    assert send_path.check_frames(offline.direct, statements, [features]) == 3 * len(statements)
+    prepared = statements[-1]  # a read with a metadata id
+    params = tuple(send_path.sample(c.type) for c in prepared.column_metadata)
+    plan = offline.direct._plan(prepared)
+    ours = offline.direct._message(Call(((prepared, params),)), [(plan.encode(params), plan)])
+    driver = offline.session.client_protocol_handler.encode_message
+    assert frames.encode(ours, 7, PROTOCOL_VERSION, None, False, features) == driver(
+        ours, 7, PROTOCOL_VERSION, None, False, features
+    )
+
+
 async def test_a_frame_that_differs_turns_the_direct_path_off_once(
     offline: Offline, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -178,10 +207,11 @@ async def test_a_driver_it_was_not_built_for_gets_the_driver_path_or_a_refusal(
 async def test_a_changed_driver_signature_turns_the_direct_path_off(
     offline: Offline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def older(self: Any, query_id: bytes, query_params: Any, consistency_level: int) -> None:
+    def older(msg: Any, stream_id: int, protocol_version: int, compressor: Any) -> bytes:
         raise AssertionError("never called")
 
-    monkeypatch.setattr(ExecuteMessage, "__init__", older)
+    # frames.encode falls back on it (and mirrors its parameters, send_msg's keywords)
+    monkeypatch.setattr(ProtocolHandler, "encode_message", older)
     offline.cql.check_driver()
     assert offline.cql.direct is None and offline.cql.events["direct_path_refused"] == 1
 
