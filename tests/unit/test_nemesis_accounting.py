@@ -81,3 +81,50 @@ async def test_conversations_that_cannot_be_created_stop_the_run(
     nemesis.replicas = [cast(Replica, SimpleNamespace(target=f"127.0.0.1:{port}"))]
     with pytest.raises(cli.NemesisError, match="could not be created in 2 tries"):
         await nemesis.create_conversations("t")
+
+
+class _NemesisWhoseStorageWillNotHeal:
+    """Two schedules pass; the third raises as a CQL node that never came back does."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.fired: dict[str, int] = {"kill-node": 3}
+        self.proven: dict[str, int] = {"kill-node": 2}
+        self.events: dict[str, int] = {}
+        self.unsupported: list[str] = []
+        self.skipped = 0
+        self.failed: dict[str, int] = {}
+        self.failures: list[str] = []
+        self.closed = False
+        self.schedules = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def schedule(self, seed: int) -> tuple[int, int]:
+        self.schedules += 1
+        if self.schedules == 3:
+            raise RuntimeError("Cassandra was not ready within 240s")
+        return 0, 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_storage_that_will_not_heal_fails_the_run_with_its_figures_instead_of_a_crash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 3-node run of 2026-12-04 ended in a traceback after 11 schedules when a node
+    took more than the launcher's 240 s to restart: no summary, no anomaly line."""
+    made: list[_NemesisWhoseStorageWillNotHeal] = []
+
+    def make(args: argparse.Namespace, work: Path) -> _NemesisWhoseStorageWillNotHeal:
+        made.append(_NemesisWhoseStorageWillNotHeal(args, work))
+        return made[-1]
+
+    monkeypatch.setattr(cli, "Nemesis", make)
+    args = argparse.Namespace(schedules=5, seed=100)
+    own, por, unproven = await cli._run(args, Path("."))
+    out = capsys.readouterr().out
+    assert (own, por, unproven) == (0, 0, 1) and made[0].closed
+    assert "faults fired over 2 schedule(s): kill-node x3" in out
+    assert "FAILED: schedule seed 102 could not finish, the run stopped after 2" in out

@@ -406,19 +406,27 @@ def _errors(counts: dict[str, int]) -> int:
 async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
     """Anomalies found by each checker, and the faults that were scheduled and not proven."""
     nemesis = Nemesis(args, work)
-    total_own = total_por = 0
+    total_own = total_por = done = 0
     try:
         await nemesis.start()
         first = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
         for i in range(args.schedules):
-            own, por = await nemesis.schedule(first + i)
+            try:
+                own, por = await nemesis.schedule(first + i)
+            except Exception as exc:  # storage that would not heal: report, do not crash
+                nemesis.failures.append(
+                    f"FAILED: schedule seed {first + i} could not finish, the run stopped"
+                    f" after {i} schedule(s): {type(exc).__name__}: {str(exc)[:300]}"
+                )
+                break
             total_own += own
             total_por += por
+            done += 1
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.fired.items())) or "none"
-        print(f"faults fired over {args.schedules} schedule(s): {kinds}")
+        print(f"faults fired over {done} schedule(s): {kinds}")
         proven = ", ".join(f"{k} x{n}" for k, n in sorted(nemesis.proven.items())) or "none"
-        print(f"faults proven over {args.schedules} schedule(s): {proven}")
-        print(f"backend events over {args.schedules} schedule(s): {_events_text(nemesis.events)}")
+        print(f"faults proven over {done} schedule(s): {proven}")
+        print(f"backend events over {done} schedule(s): {_events_text(nemesis.events)}")
         for note in nemesis.unsupported:
             print(note)
         if nemesis.skipped:

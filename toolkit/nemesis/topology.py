@@ -254,8 +254,16 @@ class ScyllaTopology(Topology):
         return f"{self.cluster.contact_points[index]}:{self.cluster.port}"
 
     async def restart_node(self, index: int) -> None:
-        if not self.node(index).is_running():
+        if self.node(index).is_running() and self._up(index):
+            return
+        try:
             await asyncio.to_thread(self.cluster.start_node, index)
+        except Exception:  # a busy machine: slower than the launcher's 240 s; once more
+            await asyncio.to_thread(self.cluster.start_node, index)
+
+    def _up(self, index: int) -> bool:
+        address = self.node_address(index)
+        return bool(proof.probe(address, self.probe_request, 5.0).reply)
 
     def close(self) -> None:
         self.cluster.stop(grace=20)
