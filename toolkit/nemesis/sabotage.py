@@ -26,7 +26,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("service", "backends", "toolkit")
+PACKAGES = ("service", "backends", "toolkit", "client")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
