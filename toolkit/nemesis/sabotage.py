@@ -18,6 +18,16 @@ of which a run must catch:
   ALREADY_EXISTS (``wrong-refusal``: the table of ``outcomes.py``);
 * ``stale-read``: History leaves out the record at ``last_seq``, the newest message
   (``stale-read`` during the run, ``lost-ack`` at the end).
+
+Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
+
+* ``skipped-entry``: the relay leaves some appends out (``lost``: a device lacks a
+  message History holds);
+* ``duplicated-entry`` (Redis): one message at two seqs of a lane
+  (``duplicate-entry``);
+* ``reused-seq`` (Redis): an append overwrites the lane's last seq (``reused-seq``);
+* ``confirmed-other``: a client confirms its pending send with another device's
+  message of the same cmid (``wrongly_confirmed``).
 """
 
 from __future__ import annotations
@@ -91,6 +101,62 @@ MODES: dict[str, Mode] = {
                 "            records.append(record)\n            used += size\n",
                 "            if record.seq != last_seq:  # nemesis --sabotage stale-read\n"
                 "                records.append(record)\n            used += size\n",
+            ),
+        ),
+    ),
+    "skipped-entry": Mode(
+        "the relay leaves out about one mailbox append in eight, as if written",
+        (
+            Edit(
+                "service/domain/relay_appends.py",
+                "                if requests[start].mailbox not in broken:\n",
+                "                if requests[start].mailbox not in broken and hash(\n"
+                "                    requests[start].items[0].message_id\n"
+                "                ) % 8 != 3:  # nemesis --sabotage skipped-entry\n",
+            ),
+        ),
+    ),
+    "duplicated-entry": Mode(
+        "a Redis mailbox append writes an entry at every seventh seq twice (two seqs)",
+        (
+            Edit(
+                "backends/redis/mailbox.py",
+                "      redis.call('HSET', ids, mid, head)\n      added = added + 1\n",
+                "      redis.call('HSET', ids, mid, head)\n      added = added + 1\n"
+                "      if head % 7 == 0 then  -- nemesis --sabotage duplicated-entry\n"
+                "        head = head + 1\n"
+                "        redis.call('ZADD', entries, head, head .. ':' .. group .. ':' .. now"
+                " .. ':' .. ARGV[b + 1]\n"
+                "          .. ':' .. ARGV[b + 2] .. ':' .. mid .. ':' .. ARGV[b + 3])\n"
+                "      end\n",
+            ),
+        ),
+    ),
+    "reused-seq": Mode(
+        "a Redis mailbox append that starts at a seq of 11k + 5 overwrites the entry there",
+        (
+            Edit(
+                "backends/redis/mailbox.py",
+                "      fresh[mid] = true\n      head = head + 1\n",
+                "      fresh[mid] = true\n"
+                "      if head % 11 == 5 and added == 0 then  -- nemesis --sabotage reused-seq\n"
+                "        redis.call('ZREMRANGEBYSCORE', entries, head, head)\n"
+                "      else\n        head = head + 1\n      end\n",
+            ),
+        ),
+    ),
+    "confirmed-other": Mode(
+        "a client takes another device's message with its pending send's cmid as its own",
+        (
+            Edit(
+                "client/sqlite/store.py",
+                "        if codec.same_identity(record, codec.send_from_bytes(row[0])):\n",
+                "        if True:  # nemesis --sabotage confirmed-other\n",
+            ),
+            Edit(
+                "client/runtime.py",
+                "        if not codec.same_identity(found, pending.send):\n",
+                "        if False:  # nemesis --sabotage confirmed-other\n",
             ),
         ),
     ),

@@ -34,6 +34,9 @@ ADMIN_RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=1.0, deadline_s=
 SEND_PAUSE_S = (0.05, 0.25)
 MEMBERSHIP_EVERY = 25
 """One membership change every this many sends."""
+TWINS_EVERY = 7
+"""Every this many sends, both devices of a user send one cmid with other contents
+at once: one ends confirmed, the other refused (never confirmed by the other's)."""
 READ_PAUSE_S = 0.3
 
 
@@ -94,18 +97,40 @@ class Fleet:
                 if self._serial % MEMBERSHIP_EVERY == 0:
                     await self.membership(admin)
                 live = [d for d in self.devices if d.alive]
-                if live:
+                if live and self._serial % TWINS_EVERY == 0:
+                    await self.twins(self.rng.choice(live))
+                elif live:
                     await self.send(self.rng.choice(live))
                 await asyncio.sleep(self.rng.uniform(*SEND_PAUSE_S))
 
-    async def send(self, device: DeviceProc) -> None:
+    async def twins(self, device: DeviceProc) -> None:
+        other = next(d for d in self.devices if d.user == device.user and d is not device)
+        mine = sorted(c for c, m in self.members.items() if device.user in m)
+        if not other.alive or not mine:
+            return
+        conversation, cmid = self.rng.choice(mine), f"{device.user}-twin-{self._serial}"
+        size = self.rng.randrange(1, 300)
+        await asyncio.gather(
+            self.send(device, conversation=conversation, cmid=cmid, size=size, kind="conflict"),
+            self.send(other, conversation=conversation, cmid=cmid, size=size + 1, kind="conflict"),
+        )
+
+    async def send(
+        self,
+        device: DeviceProc,
+        *,
+        conversation: str = "",
+        cmid: str = "",
+        size: int = 0,
+        kind: str = "normal",
+    ) -> None:
         mine = sorted(c for c, m in self.members.items() if device.user in m)
         if not mine:
             return
-        conversation = self.rng.choice(mine)
-        cmid = f"{device.user}{device.device}-{self._serial}"
-        size = self.rng.randrange(1, 300)
-        attempt = SendAttempt(device.user, device.device, cmid, conversation, size, "normal")
+        conversation = conversation or self.rng.choice(mine)
+        cmid = cmid or f"{device.user}{device.device}-{self._serial}"
+        size = size or self.rng.randrange(1, 300)
+        attempt = SendAttempt(device.user, device.device, cmid, conversation, size, kind)
         attempt.at = len(device.events)
         invoked = time.time()
         self.ledger.record(attempt, invoked)
