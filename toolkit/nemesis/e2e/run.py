@@ -29,7 +29,7 @@ from toolkit.soak.procs import Proc
 
 RELAYS = 2
 RELAY_ENV = {"MC_LOG_LEVEL": "INFO", "MC_RELAY_LEASE": "2s", "MC_RELAY_IDLE_WAIT": "50ms"}
-SETTLE_S = 120.0
+SETTLE_S = 60.0
 E2E_KINDS = ("kill-relay", "kill-device")
 
 
