@@ -32,6 +32,7 @@ Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
 
 from __future__ import annotations
 
+import compileall
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,4 +189,6 @@ def broken_build(repo: Path, work: Path, kind: str) -> Path:
                 " toolkit/nemesis/sabotage.py"
             )
         target.write_text(source.replace(edit.original, edit.broken))
+    # compiled once here, not by every process that starts from the copy at once
+    compileall.compile_dir(root, quiet=1)
     return root
