@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from client.faults import ClientPoint
 from service.client import NO_RETRY, CommitClient, RetryPolicy
 from service.domain.errors import CommitError, CursorExpired
 from service.domain.mailbox import INBOX, MailboxCursor
@@ -38,6 +39,8 @@ TWINS_EVERY = 7
 """Every this many sends, both devices of a user send one cmid with other contents
 at once: one ends confirmed, the other refused (never confirmed by the other's)."""
 READ_PAUSE_S = 0.3
+LATE_TWIN_WAIT_S = 1.0
+"""How long a late twin's device stays down: its twin's message reaches the inbox."""
 
 
 class Fleet:
@@ -97,7 +100,9 @@ class Fleet:
                 if self._serial % MEMBERSHIP_EVERY == 0:
                     await self.membership(admin)
                 live = [d for d in self.devices if d.alive]
-                if live and self._serial % TWINS_EVERY == 0:
+                if live and self._serial % (2 * TWINS_EVERY) == 0:
+                    await self.late_twin(self.rng.choice(live))
+                elif live and self._serial % TWINS_EVERY == 0:
                     await self.twins(self.rng.choice(live))
                 elif live:
                     await self.send(self.rng.choice(live))
@@ -114,6 +119,26 @@ class Fleet:
             self.send(device, conversation=conversation, cmid=cmid, size=size, kind="conflict"),
             self.send(other, conversation=conversation, cmid=cmid, size=size + 1, kind="conflict"),
         )
+
+    async def late_twin(self, device: DeviceProc) -> None:
+        """The other device persists a cmid and dies before sending it; this one sends
+        the cmid with other contents; the other restarts when that message is in the
+        user's inbox: its pending send must end refused, never confirmed by it."""
+        other = next(d for d in self.devices if d.user == device.user and d is not device)
+        mine = sorted(c for c, m in self.members.items() if device.user in m)
+        if not other.alive or not mine:
+            return
+        conversation, cmid = self.rng.choice(mine), f"{device.user}-late-{self._serial}"
+        size = self.rng.randrange(1, 300)
+        await other.command(op="arm", point=ClientPoint.ATTEMPT_BEFORE_SEND.value)
+        await self.send(other, conversation=conversation, cmid=cmid, size=size, kind="conflict")
+        await self.send(
+            device, conversation=conversation, cmid=cmid, size=size + 1, kind="conflict"
+        )
+        await asyncio.sleep(LATE_TWIN_WAIT_S)
+        await other.kill()
+        other.start(self.target_of(other))
+        self.count("late twins")
 
     async def send(
         self,
