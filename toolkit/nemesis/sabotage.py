@@ -27,7 +27,9 @@ Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
   (``duplicate-entry``);
 * ``reused-seq`` (Redis): an append overwrites the lane's last seq (``reused-seq``);
 * ``confirmed-other``: a client confirms its pending send with another device's
-  message of the same cmid (``wrongly_confirmed``).
+  message of the same cmid (``wrongly_confirmed``); NOT caught yet: in the e2e
+  workload a restarted device resolves its pending send with the server
+  (ResumeExisting: a conflict) before its Sync brings the other device's message.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ MODES: dict[str, Mode] = {
         ),
     ),
     "confirmed-other": Mode(
-        "a client takes another device's message with its pending send's cmid as its own",
+        "a client takes another device's message with its pending cmid as its own (not caught"
+        " yet: the e2e workload never reaches that situation)",
         (
             Edit(
                 "client/sqlite/store.py",

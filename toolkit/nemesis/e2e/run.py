@@ -126,7 +126,7 @@ class E2ENemesis(Nemesis):
         if settled < 0:
             found.anomalies.append(f"stuck: devices not settled in {SETTLE_S:.0f} s")
         lane = lanes.check(fleet.reads)
-        anomalies = found.anomalies + lane.anomalies
+        anomalies = lane.anomalies[:10] + found.anomalies + lane.anomalies[10:]
         c = fleet.counts
         outcomes = ", ".join(f"{k} x{n}" for k, n in sorted(found.verdict.outcomes.items()))
         print(f"  e2e: devices {len(fleet.devices)}, sends persisted"
