@@ -39,8 +39,10 @@ TWINS_EVERY = 7
 """Every this many sends, both devices of a user send one cmid with other contents
 at once: one ends confirmed, the other refused (never confirmed by the other's)."""
 READ_PAUSE_S = 0.3
-LATE_TWIN_WAIT_S = 1.0
-"""How long a late twin's device stays down: its twin's message reaches the inbox."""
+LATE_TWIN_CONFIRM_S = 10.0
+LATE_TWIN_WAIT_S = 1.5
+"""How long a late twin's device stays down after its twin was confirmed: the
+twin's message reaches the inbox before the restarted device's first Sync."""
 
 
 class Fleet:
@@ -135,7 +137,11 @@ class Fleet:
         await self.send(
             device, conversation=conversation, cmid=cmid, size=size + 1, kind="conflict"
         )
-        await asyncio.sleep(LATE_TWIN_WAIT_S)
+        for _ in range(int(LATE_TWIN_CONFIRM_S / 0.1)):  # its ACK came: it is committed
+            if any(e["ev"] == "confirmed" and e["cmid"] == cmid for e in device.events):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(LATE_TWIN_WAIT_S)  # and the relay put it in the inbox
         await other.kill()
         other.start(self.target_of(other))
         self.count("late twins")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
+import os
 from pathlib import Path
 
 from toolkit.nemesis.cli import Nemesis
@@ -35,6 +35,7 @@ E2E_KINDS = ("kill-relay", "kill-device")
 
 class E2ENemesis(Nemesis):
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        work = work.resolve()  # a sabotaged run changes directory (start)
         super().__init__(args, work)
         self.relays: list[Proc] = []
         self.fleet: Fleet | None = None
@@ -44,9 +45,9 @@ class E2ENemesis(Nemesis):
         await super().start()
         assert self.topology is not None
         env = {**self.topology.serve_env(), **RELAY_ENV}
-        if self.root is not None:  # the broken copy ahead of the checkout, for devices too
-            env["PYTHONPATH"] = str(self.root)
-            sys.path.insert(0, str(self.root))
+        if self.root is not None:  # the broken copy ahead of the checkout, for devices too:
+            env["PYTHONPATH"] = str(self.root)  # the forkserver of the devices starts
+            os.chdir(self.root)  # in this directory, first on its path
         for i in range(RELAYS):
             relay = Proc(f"relay{i}", "relay", self.topology.serve_args(), env, self.work,
                          cwd=self.root)  # fmt: skip
