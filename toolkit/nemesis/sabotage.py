@@ -27,9 +27,8 @@ Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
   (``duplicate-entry``);
 * ``reused-seq`` (Redis): an append overwrites the lane's last seq (``reused-seq``);
 * ``confirmed-other``: a client confirms its pending send with another device's
-  message of the same cmid (``wrongly_confirmed``); NOT caught yet: in the e2e
-  workload a restarted device resolves its pending send with the server
-  (ResumeExisting: a conflict) before its Sync brings the other device's message.
+  message of the same cmid (``wrongly_confirmed``); the devices run the copy too
+  (their forkserver starts in it).
 """
 
 from __future__ import annotations
@@ -149,8 +148,7 @@ MODES: dict[str, Mode] = {
         ),
     ),
     "confirmed-other": Mode(
-        "a client takes another device's message with its pending cmid as its own (not caught"
-        " yet: the e2e workload never reaches that situation)",
+        "a client takes another device's message with its pending cmid as its own",
         (
             Edit(
                 "client/sqlite/store.py",
