@@ -122,7 +122,7 @@ async def test_storage_that_will_not_heal_fails_the_run_with_its_figures_instead
         return made[-1]
 
     monkeypatch.setattr(cli, "Nemesis", make)
-    args = argparse.Namespace(schedules=5, seed=100)
+    args = argparse.Namespace(system="commits", schedules=5, seed=100)
     own, por, unproven = await cli._run(args, Path("."))
     out = capsys.readouterr().out
     assert (own, por, unproven) == (0, 0, 1) and made[0].closed

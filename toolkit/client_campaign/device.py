@@ -13,7 +13,8 @@ send        persists ``{conversation, cmid, size}`` (a body of ``size``
 arm         arms a client fault point: when reached, the child writes the
             point to ``<db>.deaths`` and SIGKILLs itself (no close, no flush)
 disarm      disarms every point
-status      answers ``status``: state, pending cmids, message ids held
+status      answers ``status``: state, pending cmids, message ids held (and
+            the seq of each)
 ==========  ===============================================================
 
 Every runtime event goes back as it happens (``confirmed`` with its
@@ -182,9 +183,11 @@ async def _execute(
         return {"ev": "persisted", "cmid": command["cmid"], "confirmed": bool(pending.confirmed)}
     if op == "status":
         held: dict[str, list[str]] = {}
+        seqs: dict[str, dict[str, int]] = {}
         for conversation in command["conversations"]:
             local = await runtime.store.messages(conversation, limit=100_000)
             held[conversation] = [m.record.message_id for m in local]
+            seqs[conversation] = {m.record.message_id: m.record.seq for m in local}
         pending_sends = await runtime.store.pending()
         return {
             "ev": "status",
@@ -192,5 +195,6 @@ async def _execute(
             "pending": [p.cmid for p in pending_sends],
             "parked": [p.cmid for p in pending_sends if p.parked],
             "held": held,
+            "seqs": seqs,
         }
     return {"ev": "error", "what": f"unknown op {op}"}

@@ -68,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
                                 description=f"{__doc__}{describe()}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--backend", choices=["redis", "scylla"], required=True)
+    p.add_argument(
+        "--system",
+        choices=["commits", "e2e"],
+        default="commits",
+        help="e2e: also two relays and --users users with two device processes each, and"
+        " the delivery and lane checks (toolkit/nemesis/e2e/)",
+    )
+    p.add_argument("--users", type=int, default=3, help="--system e2e: users (two devices each)")
     p.add_argument("--schedules", type=int, default=1)
     p.add_argument("--duration", type=float, default=30.0, help="seconds of faults per schedule")
     p.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
@@ -405,7 +413,13 @@ def _errors(counts: dict[str, int]) -> int:
 
 async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
     """Anomalies found by each checker, and the faults that were scheduled and not proven."""
-    nemesis = Nemesis(args, work)
+    nemesis: Nemesis
+    if args.system == "e2e":
+        from toolkit.nemesis.e2e.run import E2ENemesis  # it extends Nemesis
+
+        nemesis = E2ENemesis(args, work)
+    else:
+        nemesis = Nemesis(args, work)
     total_own = total_por = done = 0
     try:
         await nemesis.start()

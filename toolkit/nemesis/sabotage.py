@@ -18,15 +18,27 @@ of which a run must catch:
   ALREADY_EXISTS (``wrong-refusal``: the table of ``outcomes.py``);
 * ``stale-read``: History leaves out the record at ``last_seq``, the newest message
   (``stale-read`` during the run, ``lost-ack`` at the end).
+
+Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
+
+* ``skipped-entry``: the relay leaves some appends out (``lost``: a device lacks a
+  message History holds);
+* ``duplicated-entry`` (Redis): one message at two seqs of a lane
+  (``duplicate-entry``);
+* ``reused-seq`` (Redis): an append overwrites the lane's last seq (``reused-seq``);
+* ``confirmed-other``: a client confirms its pending send with another device's
+  message of the same cmid (``wrongly_confirmed``); the devices run the copy too
+  (their forkserver starts in it).
 """
 
 from __future__ import annotations
 
+import compileall
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("service", "backends", "toolkit")
+PACKAGES = ("service", "backends", "toolkit", "client")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
@@ -94,7 +106,69 @@ MODES: dict[str, Mode] = {
             ),
         ),
     ),
+    "skipped-entry": Mode(
+        "the relay leaves out about one mailbox append in eight, as if written",
+        (
+            Edit(
+                "service/domain/relay_appends.py",
+                "                if requests[start].mailbox not in broken:\n",
+                "                if requests[start].mailbox not in broken and hash(\n"
+                "                    requests[start].items[0].message_id\n"
+                "                ) % 8 != 3:  # nemesis --sabotage skipped-entry\n",
+            ),
+        ),
+    ),
+    "duplicated-entry": Mode(
+        "a Redis mailbox append writes an entry at every seventh seq twice (two seqs)",
+        (
+            Edit(
+                "backends/redis/mailbox.py",
+                "      redis.call('HSET', ids, mid, head)\n      added = added + 1\n",
+                "      redis.call('HSET', ids, mid, head)\n      added = added + 1\n"
+                "      if head % 7 == 0 then  -- nemesis --sabotage duplicated-entry\n"
+                "        head = head + 1\n"
+                "        redis.call('ZADD', entries, head, head .. ':' .. group .. ':' .. now"
+                " .. ':' .. ARGV[b + 1]\n"
+                "          .. ':' .. ARGV[b + 2] .. ':' .. mid .. ':' .. ARGV[b + 3])\n"
+                "      end\n",
+            ),
+        ),
+    ),
+    "reused-seq": Mode(
+        "a Redis mailbox append that starts at a seq of 11k + 5 overwrites the entry there",
+        (
+            Edit(
+                "backends/redis/mailbox.py",
+                "      fresh[mid] = true\n      head = head + 1\n",
+                "      fresh[mid] = true\n"
+                "      if head % 11 == 5 and added == 0 then  -- nemesis --sabotage reused-seq\n"
+                "        redis.call('ZREMRANGEBYSCORE', entries, head, head)\n"
+                "      else\n        head = head + 1\n      end\n",
+            ),
+        ),
+    ),
+    "confirmed-other": Mode(
+        "a client takes another device's message with its pending cmid as its own",
+        (
+            Edit(
+                "client/sqlite/store.py",
+                "        if codec.same_identity(record, codec.send_from_bytes(row[0])):\n",
+                "        if True:  # nemesis --sabotage confirmed-other\n",
+            ),
+            Edit(
+                "client/runtime.py",
+                "        if not codec.same_identity(found, pending.send):\n",
+                "        if False:  # nemesis --sabotage confirmed-other\n",
+            ),
+        ),
+    ),
 }
+
+
+DELIVERY_MODES = frozenset({"skipped-entry", "duplicated-entry", "reused-seq", "confirmed-other"})
+"""Modes only ``--system e2e`` catches (its devices and lane readers; the histories
+that show each rule are in tests/nemesis/test_e2e_checks.py); the others break a
+commit rule, which the commit nemesis catches."""
 
 
 def describe() -> str:
@@ -122,4 +196,6 @@ def broken_build(repo: Path, work: Path, kind: str) -> Path:
                 " toolkit/nemesis/sabotage.py"
             )
         target.write_text(source.replace(edit.original, edit.broken))
+    # compiled once here, not by every process that starts from the copy at once
+    compileall.compile_dir(root, quiet=1)
     return root

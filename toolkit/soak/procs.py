@@ -63,8 +63,12 @@ class Proc:
         env: Mapping[str, str],
         log_dir: Path,
         prefix: Sequence[str] = (),
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
+        self.cwd = cwd
+        """Where it runs: a broken copy of the packages (``nemesis --sabotage``) shadows
+        the checkout there."""
         self.subcommand = subcommand
         self.grpc_port = free_port() if subcommand == "serve" else 0
         self.http_port = free_port()
@@ -99,7 +103,7 @@ class Proc:
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                env=env, start_new_session=True, cwd=self.cwd,
             )  # fmt: skip
         ready = SERVE_READY if self.subcommand == "serve" else RELAY_READY
         deadline = time.monotonic() + START_TIMEOUT_S

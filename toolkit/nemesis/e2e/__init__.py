@@ -1,0 +1,1 @@
+"""``message-committer nemesis --system e2e``: devices, serve and relay replicas, one promise."""

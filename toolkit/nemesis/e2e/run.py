@@ -1,0 +1,151 @@
+"""The e2e nemesis: the commit nemesis plus relays, devices, and the delivery checks.
+
+``E2ENemesis`` extends ``cli.Nemesis`` (storage behind Toxiproxy, ``--replicas`` serve
+processes, its faults and proofs, its gRPC clients with replays and conflicts, its
+checker and porcupine for the commits) with two ``relay`` processes
+(``soak.procs.Proc``) and a ``devices.Fleet``; it adds two fault kinds, each proven
+like the others: ``kill-relay`` (SIGKILL of the relay's process group, gone before
+it counts; restarted at the fault's end, proven by its ready line) and
+``kill-device`` (SIGKILL of a device process, up to two at once; restarted on its
+file at the end). After the commit checks, the devices settle and
+``delivery.check`` and ``lanes.check`` judge them; their anomalies add to the
+checker's count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+from toolkit.nemesis.cli import Nemesis
+from toolkit.nemesis.e2e import delivery, lanes
+from toolkit.nemesis.e2e.devices import Fleet
+from toolkit.nemesis.history import HistoryWriter
+from toolkit.nemesis.schedule import Fault, FaultKind
+from toolkit.soak.procs import Proc
+
+RELAYS = 2
+RELAY_ENV = {"MC_LOG_LEVEL": "INFO", "MC_RELAY_LEASE": "2s", "MC_RELAY_IDLE_WAIT": "50ms"}
+SETTLE_S = 60.0
+E2E_KINDS = ("kill-relay", "kill-device")
+
+
+class E2ENemesis(Nemesis):
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        work = work.resolve()  # a sabotaged run changes directory (start)
+        super().__init__(args, work)
+        self.relays: list[Proc] = []
+        self.fleet: Fleet | None = None
+        self.root = work / f"broken-build-{args.sabotage}" if args.sabotage else None
+
+    async def start(self) -> None:
+        await super().start()
+        assert self.topology is not None
+        env = {**self.topology.serve_env(), **RELAY_ENV}
+        if self.root is not None:  # the broken copy ahead of the checkout, for devices too:
+            env["PYTHONPATH"] = str(self.root)  # the forkserver of the devices starts
+            os.chdir(self.root)  # in this directory, first on its path
+        for i in range(RELAYS):
+            relay = Proc(f"relay{i}", "relay", self.topology.serve_args(), env, self.work,
+                         cwd=self.root)  # fmt: skip
+            self.relays.append(relay)
+            await asyncio.to_thread(relay.start)
+        print(f"e2e: {len(self.replicas)} serve + {RELAYS} relay processes ready", flush=True)
+
+    def kinds(self) -> list[FaultKind]:
+        kinds = super().kinds()
+        ours = [FaultKind("kill-relay", RELAYS, domain="relay")]
+        if self.fleet is not None:
+            ours.append(FaultKind("kill-device", len(self.fleet.devices), 2, domain="device"))
+        wanted = {k for k in self.args.faults.split(",") if k}
+        return kinds + [k for k in ours if not wanted or k.name in wanted]
+
+    async def _begin(self, fault: Fault, target: int) -> None:
+        if fault.kind == "kill-relay":
+            await asyncio.to_thread(self.relays[target].kill)
+        elif fault.kind == "kill-device":
+            assert self.fleet is not None
+            await self.fleet.kill(target)
+        else:
+            await super()._begin(fault, target)
+
+    async def _end(self, kind: str, target: int) -> None:
+        if kind == "kill-relay":
+            await asyncio.to_thread(self.relays[target].start)
+        elif kind == "kill-device":
+            assert self.fleet is not None
+            self.fleet.restart(target)
+        else:
+            await super()._end(kind, target)
+
+    async def _prove(self, kind: str, target: int, history: HistoryWriter, when: str) -> bool:
+        if kind not in E2E_KINDS:
+            return await super()._prove(kind, target, history, when)
+        if kind == "kill-relay":
+            up = self.relays[target].running
+        else:
+            assert self.fleet is not None
+            up = self.fleet.devices[target].alive
+        ok = up if when == "end" else not up
+        what = "running again" if up else "process gone"
+        history.fault(kind, str(target), "proven" if ok else "no-effect", what)
+        if not ok:
+            print(f"  fault {kind}[{target}] without effect ({when}): {what}")
+        return ok
+
+    async def schedule(self, seed: int) -> tuple[int, int]:
+        targets = [r.target for r in self.replicas]
+        fleet = Fleet(seed, self.args.users, targets, self.work / f"devices-{seed}")
+        self.fleet = fleet
+        await fleet.start()
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(fleet.drive(stop))]
+        tasks.append(asyncio.create_task(fleet.read_lanes(stop)))
+        try:
+            own, por = await super().schedule(seed)
+            stop.set()
+            await asyncio.gather(*tasks)
+            for relay in self.relays:
+                await asyncio.to_thread(relay.start)
+            settled = await fleet.settle(SETTLE_S)
+            await fleet.read_lanes(stop)  # once more: the lanes after the settle
+            history = await fleet.history()
+            statuses = {(d.user, d.device): await fleet.status(d) for d in fleet.devices}
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks)
+            fleet.save(self.work / f"devices-{seed}.jsonl")
+            await fleet.close()
+        found = delivery.check(fleet.ledger, history, fleet.devices, statuses)
+        found.verdict.settled_in_s = settled
+        if settled < 0:
+            found.anomalies.append(f"stuck: devices not settled in {SETTLE_S:.0f} s")
+        lane = lanes.check(fleet.reads)
+        anomalies = lane.anomalies[:10] + found.anomalies + lane.anomalies[10:]
+        c = fleet.counts
+        outcomes = ", ".join(f"{k} x{n}" for k, n in sorted(found.verdict.outcomes.items()))
+        print(f"  e2e: devices {len(fleet.devices)}, sends persisted"
+              f" {c.get('send persisted', 0)}, refused before persist"
+              f" {c.get('send refused', 0)}, to dead {c.get('send dead', 0)};"
+              f" membership changes {c.get('membership change', 0)}; settled in {settled:.1f}s;"
+              f" outcomes: {outcomes or 'none'}", flush=True)  # fmt: skip
+        print(f"  e2e: lane reads {lane.reads}, entries {lane.entries}, CursorExpired"
+              f" {lane.expired}, sync errors {c.get('sync errors', 0)}; store messages"
+              f" compared with History {found.held}")  # fmt: skip
+        for anomaly in anomalies[:20]:
+            print(f"  e2e: {anomaly}")
+        print(f"  e2e anomalies: {len(anomalies)} (delivery {len(found.anomalies)},"
+              f" lanes {len(lane.anomalies)})", flush=True)  # fmt: skip
+        return own + len(anomalies), por
+
+    def close(self) -> None:
+        for relay in self.relays:
+            with contextlib.suppress(Exception):
+                relay.kill()
+        super().close()
