@@ -3,6 +3,7 @@ read mailboxes back, make a mailbox fail on demand, record what the relay saw.""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from service.domain.relay import (
 )
 from service.domain.relay_worker import PartitionWork
 from service.domain.targets import Targets
+from service.relay import RelayRunner
 
 POLICY = RelayPolicy(batch=50, lease_ms=10_000, fanout_threshold=1000, max_attempts=4)
 MAX_STEPS = 500
@@ -134,6 +136,34 @@ async def inbox(backend: Backend, mailbox: Mailbox) -> list[tuple[str, int]]:
         if not page.more:
             return found
     raise AssertionError("the lane did not end")
+
+
+async def run_until_delivered(
+    runner: RelayRunner,
+    backend: Backend,
+    mailbox: Mailbox,
+    count: int,
+    *,
+    before_stop: Callable[[], None] | None = None,
+    timeout_s: float = 30.0,
+    poll_s: float = 0.01,
+) -> None:
+    """Run ``runner`` until ``mailbox`` holds ``count`` entries (bounded in count and
+    time), stop it, and check that every one arrived exactly once."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        async with asyncio.timeout(timeout_s):
+            for _ in range(int(timeout_s / poll_s)):
+                if len(await inbox(backend, mailbox)) >= count:
+                    break
+                await asyncio.sleep(poll_s)
+    finally:
+        if before_stop is not None:
+            before_stop()
+        stop.set()
+        await task
+    assert len(await inbox(backend, mailbox)) == count
 
 
 class FlakyMailbox(MailboxStore):

@@ -6,7 +6,6 @@ timed, and every message still arrives once.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -18,14 +17,11 @@ from service.domain.ports import ManualClock
 from service.domain.relay_worker import PartitionWork, StepResult
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
-from tests.conformance.relay_support import POLICY, inbox
+from tests.conformance.relay_support import POLICY, run_until_delivered
 from tests.support import committer, send, unique
 
 MESSAGES = 12
 PAUSE_S = 0.002
-DRAIN_TIMEOUT_S = 30.0
-POLL_S = 0.01
-POLLS = int(DRAIN_TIMEOUT_S / POLL_S)
 
 
 async def _pauses_after_work(busy_pause_s: float, monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -64,19 +60,7 @@ async def _pauses_after_work(busy_pause_s: float, monkeypatch: pytest.MonkeyPatc
         shares_loop=True,
         busy_pause_s=busy_pause_s,
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(runner.run(stop))
-    alice = Mailbox.inbox(tenant, "alice")
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            for _ in range(POLLS):  # bounded in count and time
-                if len(await inbox(backend, alice)) >= MESSAGES:
-                    break
-                await asyncio.sleep(POLL_S)
-    finally:
-        stop.set()
-        await task
-    assert len(await inbox(backend, alice)) == MESSAGES  # every message arrived, once
+    await run_until_delivered(runner, backend, Mailbox.inbox(tenant, "alice"), MESSAGES)
     return after_work
 
 

@@ -21,14 +21,11 @@ from service.domain.ports import Backend, ManualClock
 from service.domain.relay_worker import PartitionWork, StepResult
 from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
-from tests.conformance.relay_support import POLICY, inbox
+from tests.conformance.relay_support import POLICY, run_until_delivered
 from tests.support import committer, send, unique
 
 CONVERSATIONS = 60
 PER_CONVERSATION = 3
-DRAIN_TIMEOUT_S = 30.0
-POLL_S = 0.01
-POLLS = int(DRAIN_TIMEOUT_S / POLL_S)
 
 
 class _Turns:
@@ -87,21 +84,9 @@ async def _work_off(shares_loop: bool, monkeypatch: pytest.MonkeyPatch) -> colle
     runner = RelayRunner(
         backend, policy=policy, idle_wait_s=0.05, metrics=RelayMetrics(), shares_loop=shares_loop
     )
-    stop = asyncio.Event()
     turns.start()
-    task = asyncio.create_task(runner.run(stop))
     alice = Mailbox.inbox(tenant, "alice")
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            for _ in range(POLLS):  # bounded in count and time
-                if len(await inbox(backend, alice)) >= total:
-                    break
-                await asyncio.sleep(POLL_S)
-    finally:
-        turns.stop()
-        stop.set()
-        await task
-    assert len(await inbox(backend, alice)) == total  # every message arrived, once
+    await run_until_delivered(runner, backend, alice, total, before_stop=turns.stop)
     return worked
 
 
