@@ -22,6 +22,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -83,6 +84,13 @@ DELEGATED: dict[str, tuple[str, str]] = {
 }
 
 
+CAMPAIGNS = frozenset(
+    {"bench", "bench-delivery", "fault-campaign", "nemesis", "delivery-soak", "client-campaign"}
+)
+"""Delegated commands that start processes of their own (``relay`` and the operator
+commands handle SIGTERM themselves)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in DELEGATED:
@@ -99,8 +107,17 @@ def _delegate(name: str, argv: list[str]) -> int:
     except ImportError:
         print(f"{PROG}: the {name} command is not available in this build", file=sys.stderr)
         return 2
+    if name in CAMPAIGNS:
+        # SIGTERM (timeout, kill, a CI runner) stops a campaign as Ctrl-C does, so its
+        # finally blocks stop the servers, relays and devices it started; they run in
+        # sessions of their own and would outlive it.
+        signal.signal(signal.SIGTERM, _interrupt)
     result: int = module.main(argv)
     return result
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # --- the parser --------------------------------------------------------------------
