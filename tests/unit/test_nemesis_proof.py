@@ -82,8 +82,8 @@ def test_a_clock_fault_needs_the_probe_and_the_replicas_own_report() -> None:
 
 def test_a_faketime_probe_reads_the_offset() -> None:
     library = next((lib for lib in proof_libs() if lib), None)
-    if library is None:
-        pytest.skip("libfaketime is not installed")
+    # scripts/setup.sh installs faketime: without it the nemesis has no clock fault
+    assert library is not None, "libfaketime is not installed: run scripts/setup.sh"
     env = {"LD_PRELOAD": library, "FAKETIME": "+30", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     assert abs(proof.faked_clock_offset_s(env, sys.executable) - 30.0) < 0.5
 
