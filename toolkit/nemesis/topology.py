@@ -254,7 +254,7 @@ class ScyllaTopology(Topology):
         return f"{self.cluster.contact_points[index]}:{self.cluster.port}"
 
     async def restart_node(self, index: int) -> None:
-        if self.node(index).is_running() and self._up(index):
+        if self.node(index).is_running() and await asyncio.to_thread(self._up, index):
             return
         try:
             await asyncio.to_thread(self.cluster.start_node, index)
