@@ -41,6 +41,8 @@ at once: one ends confirmed, the other refused (never confirmed by the other's).
 READ_PAUSE_S = 0.3
 LATE_TWIN_CONFIRM_S = 10.0
 LATE_TWIN_WAIT_S = 1.5
+# The settle gives up after this long without any change (the e2e relays' lease is 2 s).
+STALL_S = 10.0
 """How long a late twin's device stays down after its twin was confirmed: the
 twin's message reaches the inbox before the restarted device's first Sync."""
 
@@ -232,33 +234,49 @@ class Fleet:
 
     # --- settling -------------------------------------------------------------------
 
-    async def settle(self, timeout_s: float) -> float:
+    async def settle(self, timeout_s: float, stall_s: float = STALL_S) -> float:
         """Seconds until every device is online with nothing pending and nothing
-        missing (dead ones restarted); -1 when ``timeout_s`` passed first."""
+        missing (dead ones restarted); -1 when ``timeout_s`` passed first, or when for
+        ``stall_s`` every device was online and nothing it holds, lacks or has pending
+        changed: a relay that skipped an entry never delivers it, and waiting out the
+        whole timeout for it only makes a caught run slower."""
         for d in self.devices:
             await d.command(op="disarm")
         began = time.monotonic()
+        last: tuple[object, ...] | None = None
+        since = began
         while time.monotonic() - began < timeout_s:
             for i, d in enumerate(self.devices):
                 if not d.alive:
                     await d.kill()
                     self.restart(i)
-            if await self.settled():
-                return time.monotonic() - began
+            done, seen = await self._settle_state()
+            now = time.monotonic()
+            if done:
+                return now - began
+            if seen is None or seen != last:
+                last, since = seen, now
+            elif now - since >= stall_s:
+                return -1.0
             await asyncio.sleep(0.5)
         return -1.0
 
-    async def settled(self) -> bool:
+    async def _settle_state(self) -> tuple[bool, tuple[object, ...] | None]:
+        """Whether the fleet has settled, and what it holds, lacks and has pending
+        (None while a device is not online: a restart is progress still to come)."""
         history = await self.history()
+        done = True
+        seen: list[object] = []
         for d in self.devices:
             status = await self.status(d)
             if status.get("state") != "online":
-                return False
-            if set(status["pending"]) - set(status["parked"]):
-                return False
-            if missing(self.ledger, history, d.user, status):
-                return False
-        return True
+                return False, None
+            pending = sorted(set(status["pending"]) - set(status["parked"]))
+            lacking = missing(self.ledger, history, d.user, status)
+            done = done and not pending and not lacking
+            held = sorted((c, len(ids)) for c, ids in status.get("held", {}).items())
+            seen.append((pending, sorted(lacking), held))
+        return done, (tuple(seen), tuple(sorted((c, len(r)) for c, r in history.items())))
 
     async def status(self, d: DeviceProc) -> dict[str, Any]:
         return await d.command(op="status", conversations=sorted(self.members))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from toolkit.nemesis.cli import Nemesis
 from toolkit.nemesis.e2e import delivery, lanes
-from toolkit.nemesis.e2e.devices import Fleet
+from toolkit.nemesis.e2e.devices import STALL_S, Fleet
 from toolkit.nemesis.history import HistoryWriter
 from toolkit.nemesis.schedule import Fault, FaultKind
 from toolkit.soak.procs import Proc
@@ -125,7 +125,10 @@ class E2ENemesis(Nemesis):
         found = delivery.check(fleet.ledger, history, fleet.devices, statuses)
         found.verdict.settled_in_s = settled
         if settled < 0:
-            found.anomalies.append(f"stuck: devices not settled in {SETTLE_S:.0f} s")
+            found.anomalies.append(
+                f"stuck: devices not settled (nothing changed for {STALL_S:.0f} s,"
+                f" or {SETTLE_S:.0f} s passed)"
+            )
         lane = lanes.check(fleet.reads)
         anomalies = lane.anomalies[:10] + found.anomalies + lane.anomalies[10:]
         c = fleet.counts
