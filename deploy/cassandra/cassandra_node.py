@@ -8,7 +8,8 @@ download, Maven. Everything binds to 127.0.0.1 on free ports; JMX is off.
     python deploy/cassandra/cassandra_node.py fetch
     python deploy/cassandra/cassandra_node.py start [--data-dir D] [--port P]
 
-Heap: CASSANDRA_HEAP (default 1G). Logs: <data dir>/logs/{system,stdout}.log.
+Heap: CASSANDRA_HEAP (default 1G); more JVM flags: CASSANDRA_JVM_EXTRA (space-separated).
+Logs: <data dir>/logs/{system,stdout}.log.
 Several nodes on loopback aliases, one or two data centres: cassandra_cluster.py.
 """
 
@@ -290,6 +291,7 @@ native_transport_max_threads: {size.native_transport_max_threads}
             f"-Xmx{self.heap}",
             *_JVM_FLAGS,
             *self.sizing.jvm_extra,
+            *os.environ.get("CASSANDRA_JVM_EXTRA", "").split(),
             f"-Dcassandra.initial_token={self.placement.initial_token}",
             f"-Dcassandra-rackdc.properties={(conf.parent / RACKDC).as_uri()}",
             *[f"-javaagent:{jar}" for jar in jamm[-1:]],
