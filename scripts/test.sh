@@ -23,10 +23,6 @@ echo "== mypy"
 echo "== go vet + go test (the nemesis's porcupine checker)"
 (cd toolkit/nemesis/porcupine && GOFLAGS=-mod=mod go vet ./... && GOFLAGS=-mod=mod go test ./...)
 echo "== pytest"
-# The suite's CQL nodes run with the client compiler only: a third less CPU for their
-# start-ups and their light load (the suite starts eight JVMs on two cores; bench and
-# nemesis runs outside the suite keep the JVM's default).
-export CASSANDRA_JVM_EXTRA="${CASSANDRA_JVM_EXTRA--XX:TieredStopAtLevel=1}"
 if [ $# -eq 0 ]; then set -- -m "not (cluster and slow)"; fi
 # Two workers (MC_TEST_WORKERS; 0 runs in this process): every case that reaches a CQL
 # server goes to one of them (tests/conftest.py), the rest is spread over both.

@@ -106,8 +106,9 @@ class ServeProcess:
             if self.process.poll() is not None:
                 break
             time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"serve did not start:\n{self.log()}")
+        text = self.log()
+        self.close()  # its log file too: left open, the collector would report it later
+        raise RuntimeError(f"serve did not start within {START_TIMEOUT_S:.0f} s:\n{text}")
 
     def terminate(self) -> int:
         """SIGTERM and wait; returns the exit code."""
@@ -159,8 +160,9 @@ class RelayProcess:
             if self.process.poll() is not None:
                 break
             time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"relay did not start:\n{self.log()}")
+        text = self.log()
+        self.close()  # its log file too: left open, the collector would report it later
+        raise RuntimeError(f"relay did not start within {START_TIMEOUT_S:.0f} s:\n{text}")
 
     def signal(self, sig: signal.Signals) -> None:
         self.process.send_signal(sig)
