@@ -13,6 +13,7 @@ rebuild: the ``silent-epoch`` rule of ``lanes.py``, and the delivery rules, judg
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from service import config as service_config
@@ -36,7 +37,13 @@ class LaneEpochs:
             service_config.add_arguments(parser)
             flags = vars(parser.parse_args(self._args))
             config = service_config.load(flags, {**os.environ, **self._env})
-            self._backend = await open_backend(config)
+            bootstrap = logging.getLogger("service.bootstrap")
+            level = bootstrap.level  # its warnings are for serve's operator, said in
+            bootstrap.setLevel(logging.ERROR)  # the replicas' logs already
+            try:
+                self._backend = await open_backend(config)
+            finally:
+                bootstrap.setLevel(level)
         delivery = self._backend.delivery
         if delivery is None or not delivery.shared:
             raise RuntimeError("this backend's mailboxes live inside serve")
@@ -57,7 +64,10 @@ class LaneEpochs:
 
     async def prove(self, user: str) -> tuple[bool, str]:
         """Whether the inbox's epoch grew since ``begin``, and the evidence."""
-        before, now = self._before.get(user, 0), await self.epoch(user)
+        now = await self.epoch(user)
+        before = self._before.get(user)
+        if before is None:
+            return False, f"inbox of {user}: no new epoch began (epoch {now})"
         return now > before, f"inbox of {user}: epoch {before} -> {now}"
 
     async def close(self) -> None:
