@@ -12,6 +12,7 @@ from service.domain.model import MessageContent, MessageRecord, MessageType
 from toolkit.client_campaign.proc_check import Ledger, SendAttempt
 from toolkit.nemesis.e2e import delivery, lanes
 from toolkit.nemesis.e2e.lanes import LaneRead
+from toolkit.nemesis.sabotage import DELIVERY_MODES
 
 LANE = "inbox:u0"
 
@@ -111,3 +112,31 @@ def test_a_pending_send_confirmed_by_the_other_devices_message_is_caught() -> No
     history["c0"] = [record(1, "m1", "k1", device="b", size=6)]  # b's, other content
     found = delivery.check(ledger, history, devices, statuses)
     assert any(a.startswith("wrongly_confirmed") for a in found.anomalies)
+
+
+# --- every delivery sabotage mode names a rule with a failing history here ---------------
+
+SHOWN_BY = {
+    "skipped-entry": "lost",
+    "duplicated-entry": "duplicate-entry",
+    "reused-seq": "reused-seq",
+    "confirmed-other": "wrongly_confirmed",
+    "coordinates": "coordinates",
+    "silent-epoch": "silent-epoch",
+}
+"""The rule each ``--sabotage`` delivery mode must make fire (docs/topologies.md)."""
+DELIVERY_CASES: dict[str, dict[str, Any]] = {
+    "coordinates": {"held_seq": 2},
+    "wrongly_confirmed": {"confirmed_as": ("m2", 2)},
+    "lost": {"b_holds": False},
+}
+
+
+def test_every_delivery_sabotage_mode_has_a_rule_with_a_failing_history() -> None:
+    assert set(SHOWN_BY) == DELIVERY_MODES
+    for mode, rule in SHOWN_BY.items():
+        if rule in BAD:
+            found = lanes.check(BAD[rule]).anomalies
+        else:
+            found = delivery.check(*world(**DELIVERY_CASES[rule])).anomalies
+        assert rule in {a.split(":")[0] for a in found}, mode

@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=["commits", "e2e"],
         default="commits",
         help="e2e: also two relays and --users users with two device processes each, and"
-        " the delivery and lane checks (toolkit/nemesis/e2e/)",
+        " the delivery and lane checks; fault kinds kill-relay, kill-device, new-epoch too"
+        " (toolkit/nemesis/e2e/)",
     )
     p.add_argument("--users", type=int, default=3, help="--system e2e: users (two devices each)")
     p.add_argument("--schedules", type=int, default=1)

@@ -28,7 +28,17 @@ Delivery modes, for ``--system e2e`` (its devices and lane readers catch them):
 * ``reused-seq`` (Redis): an append overwrites the lane's last seq (``reused-seq``);
 * ``confirmed-other``: a client confirms its pending send with another device's
   message of the same cmid (``wrongly_confirmed``); the devices run the copy too
-  (their forkserver starts in it).
+  (their forkserver starts in it);
+* ``coordinates``: the relay puts about one message in eight (by a stable hash of
+  its id) into the mailboxes at seq + 1,000,000 instead of its committed seq
+  (``coordinates``: a device holds it at another seq than History). Not seq + 1:
+  that seq holds another message, which the client's store refuses (its
+  ``(conversation, seq)`` is unique), so the device stops applying its inbox and
+  the run fails ``stuck`` and ``lost`` instead; a seq no message holds is the
+  wrong seq only ``coordinates`` sees;
+* ``silent-epoch``: a Sync from a cursor of an earlier epoch of the lane answers from
+  the lane's current epoch instead of CursorExpired (``silent-epoch``; the e2e fault
+  ``new-epoch`` starts lanes' next epochs during the run).
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ class Mode:
 
 _REPLAY = '            self._observer.outcome("replayed")\n'
 _REPLAYED = "__import__('dataclasses').replace({0}, seq={0}.seq + 1)  # nemesis --sabotage"
+_ITEMS = "                items[mailbox]"
 MODES: dict[str, Mode] = {
     "identity": Mode(
         "every stored identity matches: a conflicting request gets the original ACK",
@@ -162,10 +173,48 @@ MODES: dict[str, Mode] = {
             ),
         ),
     ),
+    "coordinates": Mode(
+        "the relay delivers about one message in eight at seq + 1000000, not its committed seq",
+        (
+            Edit(
+                "service/domain/relay_worker.py",
+                f"{_ITEMS}.append(MailboxItem(plan.record, plan.lane_version))\n",
+                "                record = plan.record  # nemesis --sabotage coordinates\n"
+                "                if __import__('zlib').crc32(record.message_id.encode()) % 8 == 3:"
+                "\n"
+                "                    record = __import__('dataclasses').replace(\n"
+                "                        record, seq=record.seq + 1_000_000\n"
+                "                    )\n"
+                f"{_ITEMS}.append(MailboxItem(record, plan.lane_version))\n",
+            ),
+        ),
+    ),
+    "silent-epoch": Mode(
+        "a Sync from a cursor of an earlier epoch reads the current epoch from its start",
+        (
+            Edit(
+                "service/domain/mailbox.py",
+                "    if cursor.epoch not in (0, state.epoch):\n"
+                '        raise CursorExpired(lane, state.epoch, state.watermark, "the lane is in'
+                ' another epoch")\n',
+                "    if cursor.epoch not in (0, state.epoch):  # nemesis --sabotage silent-epoch\n"
+                "        return 0\n",
+            ),
+        ),
+    ),
 }
 
 
-DELIVERY_MODES = frozenset({"skipped-entry", "duplicated-entry", "reused-seq", "confirmed-other"})
+DELIVERY_MODES = frozenset(
+    {
+        "skipped-entry",
+        "duplicated-entry",
+        "reused-seq",
+        "confirmed-other",
+        "coordinates",
+        "silent-epoch",
+    }
+)
 """Modes only ``--system e2e`` catches (its devices and lane readers; the histories
 that show each rule are in tests/nemesis/test_e2e_checks.py); the others break a
 commit rule, which the commit nemesis catches."""

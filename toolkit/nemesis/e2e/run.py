@@ -3,13 +3,14 @@
 ``E2ENemesis`` extends ``cli.Nemesis`` (storage behind Toxiproxy, ``--replicas`` serve
 processes, its faults and proofs, its gRPC clients with replays and conflicts, its
 checker and porcupine for the commits) with two ``relay`` processes
-(``soak.procs.Proc``) and a ``devices.Fleet``; it adds two fault kinds, each proven
+(``soak.procs.Proc``) and a ``devices.Fleet``; it adds three fault kinds, each proven
 like the others: ``kill-relay`` (SIGKILL of the relay's process group, gone before
-it counts; restarted at the fault's end, proven by its ready line) and
+it counts; restarted at the fault's end, proven by its ready line),
 ``kill-device`` (SIGKILL of a device process, up to two at once; restarted on its
-file at the end). After the commit checks, the devices settle and
-``delivery.check`` and ``lanes.check`` judge them; their anomalies add to the
-checker's count.
+file at the end) and ``new-epoch`` (an operator starts the next epoch of a random
+user's inbox, ``epochs.py``; proven by the lane's epoch, which must have grown).
+After the commit checks, the devices settle and ``delivery.check`` and
+``lanes.check`` judge them; their anomalies add to the checker's count.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import contextlib
 import os
 from pathlib import Path
 
+from toolkit.client_campaign.device import TENANT
 from toolkit.nemesis.cli import Nemesis
 from toolkit.nemesis.e2e import delivery, lanes
 from toolkit.nemesis.e2e.devices import STALL_S, Fleet
+from toolkit.nemesis.e2e.epochs import LaneEpochs
 from toolkit.nemesis.history import HistoryWriter
 from toolkit.nemesis.schedule import Fault, FaultKind
 from toolkit.soak.procs import Proc
@@ -30,7 +33,7 @@ from toolkit.soak.procs import Proc
 RELAYS = 2
 RELAY_ENV = {"MC_LOG_LEVEL": "INFO", "MC_RELAY_LEASE": "2s", "MC_RELAY_IDLE_WAIT": "50ms"}
 SETTLE_S = 60.0
-E2E_KINDS = ("kill-relay", "kill-device")
+E2E_KINDS = ("kill-relay", "kill-device", "new-epoch")
 
 
 class E2ENemesis(Nemesis):
@@ -39,12 +42,14 @@ class E2ENemesis(Nemesis):
         super().__init__(args, work)
         self.relays: list[Proc] = []
         self.fleet: Fleet | None = None
+        self.epochs: LaneEpochs | None = None
         self.root = work / f"broken-build-{args.sabotage}" if args.sabotage else None
 
     async def start(self) -> None:
         await super().start()
         assert self.topology is not None
         env = {**self.topology.serve_env(), **RELAY_ENV}
+        self.epochs = LaneEpochs(self.topology.serve_args(), self.topology.serve_env(), TENANT)
         if self.root is not None:  # the broken copy ahead of the checkout, for devices too:
             env["PYTHONPATH"] = str(self.root)  # the forkserver of the devices starts
             os.chdir(self.root)  # in this directory, first on its path
@@ -60,6 +65,8 @@ class E2ENemesis(Nemesis):
         ours = [FaultKind("kill-relay", RELAYS, domain="relay")]
         if self.fleet is not None:
             ours.append(FaultKind("kill-device", len(self.fleet.devices), 2, domain="device"))
+            # it writes to the storage: never while a storage fault keeps it from it
+            ours.append(FaultKind("new-epoch", len(self.fleet.users), domain="storage"))
         wanted = {k for k in self.args.faults.split(",") if k}
         return kinds + [k for k in ours if not wanted or k.name in wanted]
 
@@ -69,6 +76,9 @@ class E2ENemesis(Nemesis):
         elif fault.kind == "kill-device":
             assert self.fleet is not None
             await self.fleet.kill(target)
+        elif fault.kind == "new-epoch":
+            assert self.fleet is not None and self.epochs is not None
+            await self.epochs.begin(self.fleet.users[target])
         else:
             await super()._begin(fault, target)
 
@@ -78,12 +88,14 @@ class E2ENemesis(Nemesis):
         elif kind == "kill-device":
             assert self.fleet is not None
             self.fleet.restart(target)
-        else:
+        elif kind != "new-epoch":  # a new epoch stays: nothing to end
             await super()._end(kind, target)
 
     async def _prove(self, kind: str, target: int, history: HistoryWriter, when: str) -> bool:
         if kind not in E2E_KINDS:
             return await super()._prove(kind, target, history, when)
+        if kind == "new-epoch":
+            return await self._prove_epoch(target, history, when)
         if kind == "kill-relay":
             up = self.relays[target].running
         else:
@@ -94,6 +106,19 @@ class E2ENemesis(Nemesis):
         history.fault(kind, str(target), "proven" if ok else "no-effect", what)
         if not ok:
             print(f"  fault {kind}[{target}] without effect ({when}): {what}")
+        return ok
+
+    async def _prove_epoch(self, target: int, history: HistoryWriter, when: str) -> bool:
+        if when == "end":  # proven when it began; a new epoch has nothing to end
+            return True
+        assert self.fleet is not None and self.epochs is not None
+        try:
+            ok, what = await self.epochs.prove(self.fleet.users[target])
+        except Exception as exc:
+            ok, what = False, f"could not observe: {type(exc).__name__}"
+        history.fault("new-epoch", str(target), "proven" if ok else "no-effect", what)
+        if not ok:
+            print(f"  fault new-epoch[{target}] without effect: {what}")
         return ok
 
     async def schedule(self, seed: int) -> tuple[int, int]:
@@ -122,6 +147,8 @@ class E2ENemesis(Nemesis):
                 await asyncio.gather(*tasks)
             fleet.save(self.work / f"devices-{seed}.jsonl")
             await fleet.close()
+            if self.epochs is not None:
+                await self.epochs.close()
         found = delivery.check(fleet.ledger, history, fleet.devices, statuses)
         found.verdict.settled_in_s = settled
         if settled < 0:
