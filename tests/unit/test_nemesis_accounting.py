@@ -14,7 +14,7 @@ import pytest
 
 from toolkit.nemesis import cli
 from toolkit.nemesis.history import HistoryWriter, fault_counts, read_lines
-from toolkit.nemesis.proof import Proof
+from toolkit.nemesis.proof import Proof, default_min_acks, overrun_s, quorum_lost_seconds
 from toolkit.nemesis.replicas import Replica
 from toolkit.nemesis.schedule import Fault
 from toolkit.ports import free_port
@@ -128,3 +128,24 @@ async def test_storage_that_will_not_heal_fails_the_run_with_its_figures_instead
     assert (own, por, unproven) == (0, 0, 1) and made[0].closed
     assert "faults fired over 2 schedule(s): kill-node x3" in out
     assert "FAILED: schedule seed 102 could not finish, the run stopped after 2" in out
+
+
+def test_seconds_without_a_majority_count_only_overlaps_of_a_majority_of_nodes() -> None:
+    # three nodes: 0 down 10-40, 1 down 30-50, 2 down 45-70 (restarts included)
+    outages = [(0, 10.0, 40.0), (1, 30.0, 50.0), (2, 45.0, 70.0)]
+    assert quorum_lost_seconds(outages, 3, 0.0, 100.0) == 15.0  # 30-40 and 45-50
+    assert quorum_lost_seconds(outages, 3, 35.0, 48.0) == 8.0  # clipped to the load
+    assert quorum_lost_seconds([(0, 5.0, 9.0), (0, 20.0, 25.0)], 1, 0.0, 30.0) == 9.0
+    assert quorum_lost_seconds([(0, 10.0, 20.0), (0, 15.0, 30.0)], 3, 0.0, 40.0) == 0.0
+
+
+def test_the_ack_floor_owes_nothing_for_seconds_without_a_majority() -> None:
+    assert default_min_acks(60) == 60
+    assert default_min_acks(60, quorum_lost_s=45.5) == 14
+    assert default_min_acks(60, quorum_lost_s=59) == 10  # never under 10
+
+
+def test_the_overrun_leaves_room_for_every_node_restart_of_the_schedule() -> None:
+    assert overrun_s(60, restarts=0, restart_s=150, minimum_s=60) == 60
+    assert overrun_s(20, restarts=0, restart_s=15, minimum_s=60) == 60
+    assert overrun_s(60, restarts=3, restart_s=150, minimum_s=60) == 450

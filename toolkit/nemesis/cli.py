@@ -44,7 +44,14 @@ from service.domain.errors import CommitError
 from toolkit.nemesis import checker, expiry, linearizability
 from toolkit.nemesis.history import HistoryWriter, fault_counts, load_file
 from toolkit.nemesis.outcomes import UNKNOWN_OUTCOME
-from toolkit.nemesis.proof import Proof, ScheduleFigures, default_min_acks, verdict
+from toolkit.nemesis.proof import (
+    Proof,
+    ScheduleFigures,
+    default_min_acks,
+    overrun_s,
+    quorum_lost_seconds,
+    verdict,
+)
 from toolkit.nemesis.replica_faults import KINDS as REPLICA_KINDS
 from toolkit.nemesis.replica_faults import ReplicaFaults, clock_offset
 from toolkit.nemesis.replicas import REPO, Replica, supports
@@ -57,6 +64,7 @@ from toolkit.nemesis.workload import SENDERS, Workload
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 MIN_OVERRUN_S = 60.0
+NODE_OUTAGES = frozenset({"kill-node", "pause-node"})
 """The load goes on at least this long past --duration while scheduled faults remain."""
 CREATE_TRIES = 20
 """How long the fault running at the end may take to end (a node restart on a busy box)."""
@@ -136,6 +144,8 @@ class Nemesis:
         """The FAILED lines of every schedule (``proof.verdict``)."""
         self.replica_faults: ReplicaFaults | None = None
         self.seed = 0
+        self.outages: list[tuple[int, float, float]] = []
+        """(node, down from, answering again) of this schedule's storage kills and pauses."""
 
     async def start(self) -> None:
         toxi = self.toxiproxy.start()
@@ -192,6 +202,7 @@ class Nemesis:
             self.fired[fault.kind] = self.fired.get(fault.kind, 0) + 1
         else:  # a fault that did not begin proves nothing: the run fails
             self.failed[fault.kind] = self.failed.get(fault.kind, 0) + 1
+        down_from = time.monotonic()
         proofs = [self._prove(fault.kind, t, history, "begin") for t in began]
         seen = await asyncio.gather(asyncio.sleep(fault.for_s), *proofs)
         for t in fault.targets:
@@ -201,6 +212,8 @@ class Nemesis:
                 print(f"  fault {fault.kind}[{t}] failed to end: {type(exc).__name__}: {exc}")
             history.fault(fault.kind, str(t), "end")
         ends = [await self._prove(fault.kind, t, history, "end") for t in began]
+        if fault.kind in NODE_OUTAGES:  # down until its restart answered its probe
+            self.outages += [(t, down_from, time.monotonic()) for t in began]
         if not began:
             return
         if all(seen[1:]) and all(ends):
@@ -310,7 +323,11 @@ class Nemesis:
 
         # One fault after another: a slow node restart delays the rest, and the load
         # goes on past --duration until the last one has ended, up to an overrun.
-        hard_end = began + a.duration + max(a.duration, MIN_OVERRUN_S)
+        restarts = sum(len(f.targets) for f in faults if f.kind == "kill-node")
+        assert self.topology is not None
+        overrun = overrun_s(a.duration, restarts, self.topology.restart_s, MIN_OVERRUN_S)
+        hard_end = began + a.duration + overrun
+        self.outages = []
 
         async def nemesis() -> None:
             running: list[asyncio.Task[None]] = []
@@ -329,6 +346,7 @@ class Nemesis:
         await asyncio.sleep(a.duration)
         await asyncio.wait({faulting}, timeout=max(0.0, hard_end - time.monotonic()))
         stop.set()
+        load_end = time.monotonic()
         await asyncio.wait_for(faulting, FAULT_END_TIMEOUT_S)
         await asyncio.wait_for(asyncio.gather(*clients), STOP_GRACE_S)
         await self.heal()
@@ -366,13 +384,16 @@ class Nemesis:
             if line.startswith(("conversation ", "visualisation")):
                 print(f"  porcupine: {line}")
         fired_here = {k: n - fired_before.get(k, 0) for k, n in self.fired.items()}
+        lost = quorum_lost_seconds(self.outages, self.topology.node_count, began, load_end)
+        if lost:
+            print(f"  storage without a majority of its nodes for {lost:.1f}s of the load")
         unproven_here = self.unproven - unproven_before
         unknown_answers = counts.get("unknown", 0) + counts.get("retries", 0)
         unknown_answers += sum(counts.get(f"error {c}", 0) for c in UNKNOWN_OUTCOME)
         figures = ScheduleFigures(
             acks=counts.get("acks", 0),
             unknown_answers=unknown_answers,
-            min_acks=a.min_acks if a.min_acks is not None else default_min_acks(a.duration),
+            min_acks=a.min_acks if a.min_acks is not None else default_min_acks(a.duration, lost),
             fired=fired_here,
             unproven=dict(unproven_here),
         )

@@ -26,7 +26,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,7 +272,42 @@ def verdict(figures: ScheduleFigures) -> list[str]:
     return lines
 
 
-def default_min_acks(duration_s: float) -> int:
-    """One ACK per second of faults, at least 10: far under any healthy run (the
-    slowest, the CQL cluster on two shared cores, ACKs about 6 a second)."""
-    return max(10, int(duration_s))
+def default_min_acks(duration_s: float, quorum_lost_s: float = 0.0) -> int:
+    """One ACK per second of the schedule in which the storage had a majority of
+    its nodes up, at least 10: far under any healthy run (the slowest, the CQL
+    cluster on two shared cores, ACKs about 6 a second). While a majority is down
+    (two of three CQL nodes, the one Redis) every commit is rightly refused, so
+    those seconds owe no ACK; a 60 s schedule with two CQL nodes down for 50 s of
+    it (restarts included) owes 10, not 60."""
+    return max(10, int(duration_s - quorum_lost_s))
+
+
+def quorum_lost_seconds(
+    outages: Sequence[tuple[int, float, float]], node_count: int, start: float, end: float
+) -> float:
+    """Seconds of [start, end] during which at least a majority of ``node_count``
+    nodes were down. ``outages``: (node, down from, up again) per kill or pause, the
+    end being when the restarted node answered (not when the fault's slot ended)."""
+    majority = node_count // 2 + 1
+    edges: list[tuple[float, int, int]] = []
+    for node, down, up in outages:
+        down, up = max(down, start), min(up, end)
+        if up > down:
+            edges += [(down, 1, node), (up, -1, node)]
+    lost = 0.0
+    down_count: Counter[int] = Counter()
+    since = start
+    for at, step, node in sorted(edges, key=lambda e: (e[0], -e[1])):
+        if sum(1 for n in down_count.values() if n > 0) >= majority:
+            lost += at - since
+        down_count[node] += step
+        since = at
+    return lost
+
+
+def overrun_s(duration_s: float, restarts: int, restart_s: float, minimum_s: float) -> float:
+    """How long a schedule's faults may go on past ``duration_s``: one fault waits
+    for the one before it, so each node restart in it (``restarts``, up to
+    ``restart_s`` each: a CQL node on a shared box takes one to two minutes) can
+    push the later ones back."""
+    return max(duration_s, minimum_s, restarts * restart_s)

@@ -85,6 +85,8 @@ class Topology:
 
     backend = ""
     node_count = 1
+    restart_s = 15.0
+    """How long a killed node may take to answer again, for the schedule's overrun."""
     probe_request = b""
     """A request every node answers at once, sent through a proxy to prove a toxic."""
 
@@ -201,6 +203,7 @@ class Topology:
 class ScyllaTopology(Topology):
     backend = "scylla"
     node_count = 3
+    restart_s = 150.0  # a CQL node on two shared cores: 60 to 240 s (docs/topologies.md)
     probe_request = proof.CQL_OPTIONS
 
     def __init__(self, work: Path, toxi: tp.Toxiproxy, nodes: int = 3) -> None:
