@@ -29,6 +29,7 @@ as the backend event ``redis-cluster failover`` and written into the proof's evi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections import Counter
@@ -157,7 +158,10 @@ class RedisClusterTopology(RedisTopology):
         node = self._hit[(kind, target)]
         if kind in TOXICS:
             found = self._prove_toxic(TOXICS[kind], node)
-            return Proof(found.ok, f"master of shard {target} = node {node}: {found.evidence}")
+            ours = {p for n in self.nodes if (p := _pid(n)) is not None}
+            clients = clients_through(self.proxy_ports[node], ours)
+            return Proof(found.ok, f"master of shard {target} = node {node}, {clients} client"
+                         f" connection(s) through its proxy: {found.evidence}")  # fmt: skip
         found = super().prove_begin(kind, target)
         return Proof(found.ok, f"master of shard {target} = node {node}: {found.evidence}")
 
@@ -223,3 +227,31 @@ class RedisClusterTopology(RedisTopology):
 
     def close(self) -> None:
         self.cluster.close()
+
+
+def clients_through(port: int, exclude: set[int]) -> int:
+    """Established connections to 127.0.0.1:``port`` (a proxy) held by processes other
+    than ``exclude`` (the cluster's own nodes, whose replication goes through it too):
+    the service's connections that a toxic on that proxy holds."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "01" and int(cols[2].rpartition(":")[2], 16) == port:
+                inodes.add(cols[9])
+    for pid in exclude:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            inodes.discard(target.removeprefix("socket:[").removesuffix("]"))
+    return len(inodes)
