@@ -76,11 +76,7 @@ class RedisClusterTopology(RedisTopology):
         self._events: Counter[str] = Counter()
 
     def fault_kinds(self) -> list[FaultKind]:
-        shards = len(SHARD_SLOTS)
-        kinds = [FaultKind("kill-node", shards), FaultKind("pause-node", shards)]
-        for name in TOXICS:
-            kinds.append(FaultKind(name, shards, shards if name.startswith("latency") else 2))
-        return kinds
+        return shard_fault_kinds()
 
     async def start(self) -> None:
         for i, node in enumerate(self.nodes):
@@ -227,6 +223,16 @@ class RedisClusterTopology(RedisTopology):
 
     def close(self) -> None:
         self.cluster.close()
+
+
+def shard_fault_kinds() -> list[FaultKind]:
+    """Targets are shards; one master killed or paused at a time, toxics on up to two
+    masters' proxies (latency: all three)."""
+    shards = len(SHARD_SLOTS)
+    kinds = [FaultKind("kill-node", shards), FaultKind("pause-node", shards)]
+    for name in TOXICS:
+        kinds.append(FaultKind(name, shards, shards if name.startswith("latency") else 2))
+    return kinds
 
 
 def clients_through(port: int, exclude: set[int]) -> int:
