@@ -1,22 +1,26 @@
 """``message-committer nemesis``: replicas over a clustered backend, faults, two checkers.
 
-    message-committer nemesis --backend {redis,scylla} --schedules N --duration S [--seed K]
+    message-committer nemesis --backend {redis,redis-cluster,scylla} --schedules N --duration S
+                              [--seed K]
 
 Starts the storage (scylla: a three-node Cassandra cluster, RF 3, QUORUM / SERIAL;
-redis: a standalone redis-server, or ``--redis-topology sentinel``), a Toxiproxy proxy
-in front of each storage node, ``--replicas`` ``serve`` processes reaching storage
-through the proxies, and ``--clients`` concurrent gRPC clients recording every call
-in a JSONL history (``toolkit/nemesis/history.py``). Schedule i runs the faults of
-seed K+i (``toolkit/nemesis/schedule.py``; replay one with ``--seed K+i
---schedules 1``), then heals everything, recovers, reads every conversation's whole
-history and runs both checkers: the project's own (``checker.py``) and porcupine
-(``linearizability.py``). Prints per schedule what fired and what was found; the last
-line is ``anomalies: N (checker), M (porcupine)``; exits 1 when N + M > 0, and also when
-a scheduled fault never began (the load outlasts --duration while faults remain, up to
-an overrun) or could not start, when a fault's effect was not observed (``proof.py``:
-``FAILED: faults without effect``), when a schedule's ACKs fall under ``--min-acks``,
-when a schedule with kills or pauses saw no unknown outcome, or when the conversations
-could not be created.
+redis: a standalone redis-server, or ``--redis-topology sentinel``; redis-cluster (the
+same as ``--backend redis --redis-topology cluster``): a Redis Cluster of 3 masters + 3
+replicas announcing their proxies' addresses, its faults aimed at the master of a shard,
+``toolkit/nemesis/redis_cluster.py``), a Toxiproxy proxy in front of each storage node,
+``--replicas`` ``serve`` processes reaching storage through the proxies, and
+``--clients`` concurrent gRPC clients recording every call in a JSONL history
+(``toolkit/nemesis/history.py``). Schedule i runs the faults of seed K+i
+(``toolkit/nemesis/schedule.py``; replay one with ``--seed K+i --schedules 1``), then
+heals everything, recovers, reads every conversation's whole history and runs both
+checkers: the project's own (``checker.py``) and porcupine (``linearizability.py``).
+Prints per schedule what fired and what was found; the last line is ``anomalies: N
+(checker), M (porcupine)``; exits 1 when N + M > 0, and also when a scheduled fault
+never began (the load outlasts --duration while faults remain, up to an overrun) or
+could not start, when a fault's effect was not observed (``proof.py``: ``FAILED: faults
+without effect``), when a schedule's ACKs fall under ``--min-acks``, when a schedule
+with kills or pauses saw no unknown outcome, or when the conversations could not be
+created.
 
 ``--sabotage MODE`` runs the replicas from a copy of this checkout broken in one way
 (``sabotage.py``; the service itself has no such switch), one mode per rule of the
@@ -52,6 +56,7 @@ from toolkit.nemesis.proof import (
     quorum_lost_seconds,
     verdict,
 )
+from toolkit.nemesis.redis_cluster import RedisClusterTopology
 from toolkit.nemesis.replica_faults import KINDS as REPLICA_KINDS
 from toolkit.nemesis.replica_faults import ReplicaFaults, clock_offset
 from toolkit.nemesis.replicas import REPO, Replica, supports
@@ -75,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="message-committer nemesis",
                                 description=f"{__doc__}{describe()}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--backend", choices=["redis", "scylla"], required=True)
+    p.add_argument("--backend", choices=["redis", "redis-cluster", "scylla"], required=True)
     p.add_argument(
         "--system",
         choices=["commits", "e2e"],
@@ -92,7 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--conversations", type=int, default=4)
-    p.add_argument("--redis-topology", choices=["standalone", "sentinel"], default="standalone")
+    p.add_argument(
+        "--redis-topology",
+        choices=["standalone", "sentinel", "cluster"],
+        default=None,
+        help="--backend redis: standalone (the default), sentinel or cluster (what"
+        " --backend redis-cluster means)",
+    )
     p.add_argument(
         "--redis-wait-replicas",
         type=int,
@@ -152,6 +163,8 @@ class Nemesis:
         a = self.args
         if a.backend == "scylla":
             self.topology = ScyllaTopology(self.work, toxi)
+        elif a.redis_topology == "cluster":
+            self.topology = RedisClusterTopology(self.work, toxi)
         else:
             self.topology = RedisTopology(self.work, toxi, a.redis_topology)
         began = time.monotonic()
@@ -408,6 +421,8 @@ class Nemesis:
         total: Counter[str] = Counter()
         for replica in self.replicas:
             total += replica.events()
+        if self.topology is not None:
+            total += self.topology.events()
         return total
 
     def close(self) -> None:
@@ -478,8 +493,25 @@ async def _run(args: argparse.Namespace, work: Path) -> tuple[int, int, int]:
     return total_own, total_por, unproven
 
 
+def _backend(args: argparse.Namespace) -> str | None:
+    """``--backend redis-cluster`` as ``--backend redis --redis-topology cluster``; an
+    error text for a contradiction."""
+    if args.backend == "redis-cluster":
+        if args.redis_topology not in (None, "cluster"):
+            return f"--backend redis-cluster contradicts --redis-topology {args.redis_topology}"
+        args.backend, args.redis_topology = "redis", "cluster"
+    elif args.backend == "scylla" and args.redis_topology is not None:
+        return "--redis-topology is for --backend redis"
+    args.redis_topology = args.redis_topology or "standalone"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    wrong = _backend(args)
+    if wrong is not None:
+        print(f"nemesis: {wrong}", file=sys.stderr)
+        return 2
     if args.redis_topology == "sentinel" and not supports("redis+sentinel", "backends/redis"):
         print("nemesis: --redis-topology sentinel needs a Redis backend that accepts"
               " redis+sentinel:// URLs; this build's does not", file=sys.stderr)  # fmt: skip

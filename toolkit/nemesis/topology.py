@@ -6,7 +6,8 @@
   at QUORUM / SERIAL.
 * ``RedisTopology``: a standalone redis-server behind one proxy, or ``sentinel``:
   master + replica + 3 Sentinels (``tests/servers/redis_topologies.py``), whose URL
-  form (``redis+sentinel://``) the Redis backend must support.
+  form (``redis+sentinel://``) the Redis backend must support; ``cluster``: 3 masters +
+  3 replicas, each behind its own proxy (``redis_cluster.py``).
 
 Fault kinds of the storage: ``kill-node`` (SIGKILL, restarted at the fault's end),
 ``pause-node`` (SIGSTOP / SIGCONT), both on up to all nodes but one at once (two of
@@ -28,6 +29,7 @@ import importlib
 import importlib.util
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -114,6 +116,11 @@ class Topology:
 
     def serve_env(self) -> dict[str, str]:
         return {}
+
+    def events(self) -> Counter[str]:
+        """Events the topology itself saw (a Redis Cluster's failovers), to add to the
+        replicas' backend events."""
+        return Counter()
 
     async def begin(self, kind: str, target: int) -> None:
         if kind in TOXICS:
