@@ -63,6 +63,11 @@ CLOSE_DRAIN_S = 5.0  # how long close() lets round trips in flight end before le
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 
 
+class LinkClosed(StoreUnavailable):
+    """A round trip asked of a link already closed: refused before it could open a
+    connection (one opened then would outlive the link, for the collector to find)."""
+
+
 class WriteRefused(StoreUnavailable):
     """Redis refused a write before running it (out of memory, a read-only
     replica): nothing was written, reads may still work."""
@@ -267,6 +272,8 @@ class RedisLink:
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
+        if self._closed:  # a call after close() would open a connection nothing closes
+            raise LinkClosed("the Redis link is closed")
         self._in_flight += 1
         self._idle.clear()
         try:
