@@ -99,7 +99,12 @@ def encode(event: ClientEvent) -> dict[str, Any] | None:
 
 def device_main(conn: Connection, spec: dict[str, Any]) -> None:
     """The child's body: run the device until SIGKILL (or the pipe closes)."""
-    logging.basicConfig(level=logging.CRITICAL)
+    logging.basicConfig(
+        filename=spec.get("log"),  # every incarnation appends to the device's log
+        level=logging.INFO if spec.get("log") else logging.CRITICAL,
+        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     asyncio.run(_run(conn, spec))
 
 

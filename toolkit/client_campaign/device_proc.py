@@ -65,6 +65,7 @@ class DeviceProc:
             "device": self.device,
             "config": self.config,
             "arm": list(arm),
+            "log": f"{self.path}.log",  # the runtime's own account, beside its store
         }
         self._replies = asyncio.Queue()
         process = self.context.Process(target=device_main, args=(child, spec), daemon=True)  # type: ignore[attr-defined]

@@ -168,6 +168,10 @@ class E2ENemesis(Nemesis):
         print(f"  e2e: lane reads {lane.reads}, entries {lane.entries}, CursorExpired"
               f" {lane.expired}, sync errors {c.get('sync errors', 0)}; store messages"
               f" compared with History {found.held}")  # fmt: skip
+        if settled < 0:  # where each device stood when the settle gave up
+            states = ", ".join(f"{u}/{d} {s.get('state', '?')}, {len(s.get('pending', ()))}"
+                               f" pending" for (u, d), s in sorted(statuses.items()))  # fmt: skip
+            print(f"  e2e: devices at the end: {states}")
         for anomaly in anomalies[:20]:
             print(f"  e2e: {anomaly}")
         print(f"  e2e anomalies: {len(anomalies)} (delivery {len(found.anomalies)},"
