@@ -229,8 +229,9 @@ class SabotageError(RuntimeError):
     """This checkout's source no longer has the line a sabotage edits."""
 
 
-def broken_build(repo: Path, work: Path, kind: str) -> Path:
-    """A copy of ``repo``'s packages under ``work`` with sabotage ``kind`` applied."""
+def broken_build(repo: Path, work: Path, kind: str, *, compiled: bool = True) -> Path:
+    """A copy of ``repo``'s packages under ``work`` with sabotage ``kind`` applied
+    (``compiled``: byte-compiled too, as a run wants it)."""
     root = work / f"broken-build-{kind}"
     if root.exists():
         shutil.rmtree(root)
@@ -246,5 +247,6 @@ def broken_build(repo: Path, work: Path, kind: str) -> Path:
             )
         target.write_text(source.replace(edit.original, edit.broken))
     # compiled once here, not by every process that starts from the copy at once
-    compileall.compile_dir(root, quiet=1)
+    if compiled:
+        compileall.compile_dir(root, quiet=1)
     return root
