@@ -39,6 +39,7 @@ from service.domain.errors import (
     StoreAlreadyExists,
     StoreInvalid,
     StoreNotFound,
+    StoreOutcomeUnknown,
     StoreUnavailable,
     Unavailable,
 )
@@ -70,6 +71,11 @@ def _store_errors() -> Iterator[None]:
         raise InvalidRequest(
             "the membership request cannot be served (a page token of a version that is"
             " no longer readable?); start the listing again"
+        ) from exc
+    except StoreOutcomeUnknown as exc:  # applied on the primary, maybe not on its replicas
+        raise Unavailable(
+            "the membership change was not confirmed in time (it may have been applied);"
+            " retry it: adding or removing the same members again is harmless"
         ) from exc
     except StoreUnavailable as exc:
         raise Unavailable("membership is unavailable: backend error") from exc

@@ -25,6 +25,7 @@ from service.domain.errors import (
     IdempotencyConflict,
     NotAMember,
     Recoverable,
+    StoreNotReplicated,
 )
 from service.domain.ports import Backend
 from tests.servers.redis_server import RedisServer, open_initialised
@@ -184,5 +185,35 @@ async def test_with_wait_a_refusal_waits_for_replicas_too(
             await c.commit_send(outsider)
         with pytest.raises(ConversationNotFound):
             await c.commit_send(unknown)
+    finally:
+        await backend.close()
+
+
+async def test_with_wait_a_membership_change_waits_for_replicas(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """An add, a removal or a new conversation acknowledged by a primary alone could
+    vanish in a failover (a paused primary resumes before Sentinel demotes it), and
+    every commit after it would then leave the added user out: the e2e nemesis
+    (seed 3117) saw a device miss a conversation's messages after such an add. With
+    ``wait_replicas=1`` they are answered only once a replica holds them."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    m = backend.membership
+    try:
+        await m.create_conversation(tenant, "c1", ["alice", "bob"])
+        _pause(replica)
+        try:
+            with pytest.raises(StoreNotReplicated):
+                await m.add_members(tenant, "c1", ["carol"])
+            with pytest.raises(StoreNotReplicated):
+                await m.remove_members(tenant, "c1", ["bob"])
+            with pytest.raises(StoreNotReplicated):
+                await m.create_conversation(tenant, "c2", ["alice"])
+        finally:
+            _resume(replica)
+        _wait_in_sync(own_redis_server.url, replica.url)
+        info = await m.add_members(tenant, "c1", ["dave"])  # answered once replicated
+        assert info.conversation == "c1"
     finally:
         await backend.close()
