@@ -274,8 +274,8 @@ async def test_a_device_back_after_a_new_epoch_gets_what_was_committed_while_a_m
 
         for step in ORDERINGS[ordering]:
             if step == "remove":
-                async with await admin(deployment.target) as a:
-                    await a.remove_members(t, "general", ["bob"])
+                async with await admin(deployment.target) as admin_client:
+                    await admin_client.remove_members(t, "general", ["bob"])
                 await alice.send("general", "while bob is out")
                 await eventually(lambda: no_pending(alice), 30)
             elif step == "epoch":
@@ -284,8 +284,8 @@ async def test_a_device_back_after_a_new_epoch_gets_what_was_committed_while_a_m
                 await bob_a.start()
                 await eventually(lambda: _rebuilt(bob_a), 30)
             else:
-                async with await admin(deployment.target) as a:
-                    await a.add_members(t, "general", ["bob"])
+                async with await admin(deployment.target) as admin_client:
+                    await admin_client.add_members(t, "general", ["bob"])
         for i in range(2):
             await alice.send("general", f"after the re-add {i}")
         await eventually(lambda: no_pending(alice), 30)
@@ -294,11 +294,11 @@ async def test_a_device_back_after_a_new_epoch_gets_what_was_committed_while_a_m
         assert len(server) == 8  # 3 + 3 + 2: the one sent while bob was out is hidden
         await eventually(lambda: _holds(bob_b, server[-1].message_id), 30)
         await eventually(lambda: _holds(bob_a, server[-1].message_id), 30)
-        b = [m.record for m in await bob_b.rt.store.messages("general", limit=100)]
-        a = [m.record for m in await bob_a.rt.store.messages("general", limit=100)]
-        assert [r.seq for r in b] == [r.seq for r in server]
-        assert [r.seq for r in a] == [r.seq for r in b]  # the device that was away
-        assert a == b == server
+        on_b = [m.record for m in await bob_b.rt.store.messages("general", limit=100)]
+        on_a = [m.record for m in await bob_a.rt.store.messages("general", limit=100)]
+        assert [r.seq for r in on_b] == [r.seq for r in server]
+        assert [r.seq for r in on_a] == [r.seq for r in on_b]  # the device that was away
+        assert on_a == on_b == server
     finally:
         for c in (alice, bob_a, bob_b):
             await c.crash()
