@@ -425,8 +425,8 @@ class ClientRuntime:
 
     async def begin_rebuild(self, expired: ExpiredCursor) -> RebuildPlan:
         """Entered only from CursorExpired: fetch the authoritative conversation list
-        and backfill each affected conversation's history (pending sends and local
-        messages are kept). ``finish_rebuild`` ends it."""
+        and backfill the history of each of the lane's conversations, listed or held
+        here (pending sends and local messages are kept). ``finish_rebuild`` ends it."""
         async with self._rebuild_lock:  # one entry point at a time
             return await self._begin_rebuild(expired)
 
