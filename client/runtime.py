@@ -425,8 +425,8 @@ class ClientRuntime:
 
     async def begin_rebuild(self, expired: ExpiredCursor) -> RebuildPlan:
         """Entered only from CursorExpired: fetch the authoritative conversation list
-        and backfill each affected conversation's history (pending sends and local
-        messages are kept). ``finish_rebuild`` ends it."""
+        and backfill the history of each of the lane's conversations, listed or held
+        here (pending sends and local messages are kept). ``finish_rebuild`` ends it."""
         async with self._rebuild_lock:  # one entry point at a time
             return await self._begin_rebuild(expired)
 
@@ -438,6 +438,7 @@ class ClientRuntime:
             raise Offline("a rebuild needs the server")
         listed = await self.list_conversations(api, account)
         targets = [c.conversation for c in listed if c.lane == expired.lane]
+        targets += await self._held_unlisted(expired.lane, {c.conversation for c in listed})
         floors = []
         for conversation in targets:
             newest = await self.store.max_seq(conversation)
@@ -468,6 +469,21 @@ class ClientRuntime:
             del self.expired[cursor.lane]
             self._emit(RebuildFinished(cursor, self._backfilled))
             self._backfilled = 0
+
+    async def _held_unlisted(self, lane: str, listed: set[str]) -> list[str]:
+        """The conversations of ``lane`` this device holds messages of that the list
+        lacks: the user left them (or was removed) and may be added again. What was
+        committed there while the user was a member, and this device had not read
+        yet, is no longer in the new epoch's lane; History still shows it to a
+        removed member (the seqs of while it was not one are hidden), so they are
+        backfilled like the listed ones. Without this a device back after a new
+        epoch keeps a hole there for good once its user is added again."""
+        held = await self.store.conversations()
+        return [
+            v.conversation
+            for v in held
+            if v.lane == lane and v.conversation not in listed and v.last_seq > 0
+        ]
 
     async def list_conversations(
         self, api: ServerApi, account: ConnectRequest

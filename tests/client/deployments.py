@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from backends.memory import open_memory_backend
+from service.domain.mailbox import Mailbox
 from tests.client.support import TENANT, MemoryServers, admin
-from tests.e2e.process import RelayProcess, ServeProcess
+from tests.e2e.process import RelayProcess, ServeProcess, run_cli
 from tests.support import unique
 
 
@@ -38,6 +40,8 @@ class Deployment(Protocol):
     async def hold_delivery(self) -> None: ...
 
     async def release_delivery(self) -> None: ...
+
+    async def new_epoch(self, user: str) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -70,6 +74,12 @@ class MemoryDeployment:
     async def release_delivery(self) -> None:
         self.servers.faults.disarm_all()
         await self.servers.restart()  # the held relay stopped at its fault point
+
+    async def new_epoch(self, user: str) -> None:
+        """What ``mailbox-new-epoch`` does, on the state the replica serves."""
+        backend = open_memory_backend(self.servers.state)
+        assert backend.delivery is not None
+        await backend.delivery.mailbox.new_epoch(Mailbox.inbox(self.tenant, user))
 
     async def close(self) -> None:
         await self.servers.kill()
@@ -148,6 +158,12 @@ class ProcessDeployment:
     async def release_delivery(self) -> None:
         self.held = False
         await self._start_relay()
+
+    async def new_epoch(self, user: str) -> None:
+        """The operator's ``mailbox-new-epoch`` on ``user``'s inbox, as a process."""
+        args = ["mailbox-new-epoch", *self.backend_args, "--tenant", self.tenant, "--user", user]
+        done = await asyncio.to_thread(run_cli, args, self.env)
+        assert done.returncode == 0, done.stderr
 
     async def close(self) -> None:
         await self.kill()

@@ -21,7 +21,7 @@ from client import (
 )
 from client.faults import ClientCrash, ClientPoint
 from tests.client.deployments import Deployment, MemoryDeployment, ProcessDeployment, create
-from tests.client.support import Client, eventually, history
+from tests.client.support import Client, admin, eventually, history
 from tests.servers.redis_server import initialise_prefix
 from tests.support import unique
 
@@ -227,3 +227,78 @@ async def test_a_corrupt_or_newer_local_schema_resets_with_pending_kept(
     server = await history(deployment.target, "general", "bob", deployment.tenant)
     assert [r.cmid for r in server].count("bob-keep") == 1
     assert Counter(bob.added_ids()).most_common(1)[0][1] == 1
+
+
+ORDERINGS = {
+    # The e2e nemesis run (seed 3101): removed, new epoch, the device back, re-added.
+    "removed-epoch-back-readded": ("remove", "epoch", "back", "readd"),
+    "epoch-removed-back-readded": ("epoch", "remove", "back", "readd"),
+    "removed-epoch-readded-back": ("remove", "epoch", "readd", "back"),
+}
+
+
+async def _holds(client: Client, message_id: str) -> bool:
+    stored = await client.rt.store.messages("general", limit=100)
+    return message_id in {m.message_id for m in stored}
+
+
+async def _rebuilt(client: Client) -> bool:
+    return any(isinstance(e, RebuildFinished) for e in client.events)
+
+
+@pytest.mark.parametrize("ordering", list(ORDERINGS))
+async def test_a_device_back_after_a_new_epoch_gets_what_was_committed_while_a_member(
+    deployment: Deployment, tmp_path: Path, ordering: str
+) -> None:
+    """Device bob/a goes offline holding part of ``general``; more is committed; bob
+    is removed, his inbox starts a new epoch, bob/a comes back (CursorExpired ->
+    REBUILD) and bob is added again, in each ordering. bob/a ends holding what
+    bob/b (online throughout) holds, and what History shows bob: the messages
+    committed while bob was a member, none of those committed while he was not."""
+    t = deployment.tenant
+    target = lambda: deployment.target  # noqa: E731
+    alice = Client("alice", tmp_path / "alice.db", target, tenant=t)
+    bob_a = Client("bob", tmp_path / "bob-a.db", target, tenant=t, device="a")
+    bob_b = Client("bob", tmp_path / "bob-b.db", target, tenant=t, device="b")
+    try:
+        for c in (alice, bob_a, bob_b):
+            await c.start()
+        for i in range(3):
+            await alice.send("general", f"seen by both {i}")
+        await eventually(lambda: count(bob_a, 3), 30)
+        await eventually(lambda: count(bob_b, 3), 30)
+        await bob_a.crash()
+        for i in range(3):
+            await alice.send("general", f"while bob/a is away {i}")
+        await eventually(lambda: count(bob_b, 6), 30)
+
+        for step in ORDERINGS[ordering]:
+            if step == "remove":
+                async with await admin(deployment.target) as admin_client:
+                    await admin_client.remove_members(t, "general", ["bob"])
+                await alice.send("general", "while bob is out")
+                await eventually(lambda: no_pending(alice), 30)
+            elif step == "epoch":
+                await deployment.new_epoch("bob")
+            elif step == "back":
+                await bob_a.start()
+                await eventually(lambda: _rebuilt(bob_a), 30)
+            else:
+                async with await admin(deployment.target) as admin_client:
+                    await admin_client.add_members(t, "general", ["bob"])
+        for i in range(2):
+            await alice.send("general", f"after the re-add {i}")
+        await eventually(lambda: no_pending(alice), 30)
+
+        server = await history(deployment.target, "general", "bob", t)
+        assert len(server) == 8  # 3 + 3 + 2: the one sent while bob was out is hidden
+        await eventually(lambda: _holds(bob_b, server[-1].message_id), 30)
+        await eventually(lambda: _holds(bob_a, server[-1].message_id), 30)
+        on_b = [m.record for m in await bob_b.rt.store.messages("general", limit=100)]
+        on_a = [m.record for m in await bob_a.rt.store.messages("general", limit=100)]
+        assert [r.seq for r in on_b] == [r.seq for r in server]
+        assert [r.seq for r in on_a] == [r.seq for r in on_b]  # the device that was away
+        assert on_a == on_b == server
+    finally:
+        for c in (alice, bob_a, bob_b):
+            await c.crash()
