@@ -6,8 +6,9 @@ so the rule has no Lua copy."""
 from __future__ import annotations
 
 from backends.redis import codec
-from backends.redis.commits import CommitCalls
+from backends.redis.commits import CommitCalls, status
 from backends.redis.lua import script
+from backends.redis.replication import Replication
 from service.domain import membership as rules
 from service.domain.errors import StoreCorrupt, StoreForbidden, StoreNotFound
 from service.domain.history import build_page, reader_of
@@ -49,17 +50,25 @@ return {'page', avail, last, items, gaps, reader}
 SCRIPTS = (HISTORY,)
 
 
-async def history_page(calls: CommitCalls, query: HistoryQuery) -> HistoryPage:
+async def history_page(
+    calls: CommitCalls, replication: Replication, query: HistoryQuery
+) -> HistoryPage:
+    """A page; with ``MC_REDIS_WAIT_REPLICAS`` only once replicas hold what it shows
+    (replication.py)."""
     ck = calls.keys.conversation(query.tenant, query.conversation)
-    word, rest = await calls.run(
-        HISTORY,
-        [ck.shard.identity, ck.meta, ck.intervals, ck.history, ck.expiry, ck.pinned, ck.gaps],
-        [
-            query.actor,
-            "b" if query.direction is Direction.BACKWARD else "f",
-            query.anchor_seq,
-            query.limit + 1,
-        ],
+    word, rest = status(
+        await replication.read(
+            HISTORY,
+            [ck.shard.identity, ck.meta, ck.intervals, ck.history, ck.expiry, ck.pinned, ck.gaps],
+            [
+                *calls.head(),
+                query.actor,
+                "b" if query.direction is Direction.BACKWARD else "f",
+                query.anchor_seq,
+                query.limit + 1,
+            ],
+            ck.shard.barrier,
+        )
     )
     if word == b"noconv":
         raise StoreNotFound("conversation not found")

@@ -387,29 +387,38 @@ class RedisLink:
                 return list(await pipe.execute())
 
     async def script_and_wait(
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: int, wait_ms: int
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        replicas: int,
+        wait_ms: int,
+        *,
+        barrier: str | None = None,
     ) -> tuple[Any, int]:
         """EVALSHA then WAIT on the same connection, in one round trip: the reply and
         how many replicas acknowledged the script's writes (and everything before
-        them in the replication stream)."""
+        them in the replication stream). With ``barrier`` (a key of the script's
+        shard) an INCR of it goes between them, for a script that reads: replicas
+        that acknowledge it hold everything the script read, on the server that
+        answered it. Errors of a reading script are translated as reads."""
+        commands: list[Sequence[Arg]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+        if barrier is not None:
+            commands.append(("INCR", barrier))
+        commands.append(("WAIT", replicas, wait_ms))
         for attempt in range(2):
             self.requests[CALL] += 1
             try:
                 with _once([script]):
-                    reply, acked = await self._same_connection(
-                        keys[0],
-                        [
-                            ("EVALSHA", script.sha, len(keys), *keys, *args),
-                            ("WAIT", replicas, wait_ms),
-                        ],
-                    )
+                    replies = await self._same_connection(keys[0], commands)
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None
                 await self.load_scripts([script])
                 continue
             except rx.RedisError as exc:
-                raise translate(exc, write=True) from None
+                raise translate(exc, write=barrier is None) from None
+            reply, acked = replies[0], replies[-1]
             if isinstance(reply, list) and reply and reply[0] == b"wiped":
                 raise StoreWiped("redis: this shard does not hold the deployment's data")
             return reply, int(acked)

@@ -13,15 +13,25 @@ survive the failover, so with ``replicas > 0``:
   attempt reserved on the new primary (the replica acknowledgement timed out) could
   be refused by the old one on its retry, and then be committed by recovery: the
   sender was told "refused" for a message that exists (the nemesis found exactly
-  this, ``refused-took-effect``).
+  this, ``refused-took-effect``);
+* a **History page** waits: the page's script, a barrier and WAIT go in one
+  pipeline on one connection, so the replicas that acknowledge hold what the page
+  shows *on the server that answered it*. A page served by a resumed primary
+  before its demotion could otherwise show a send whose WAIT failed; the failover
+  loses it and gives its seq to another message, and a device that stored the
+  page holds a message that never existed (the e2e nemesis, seed 3117).
 
 Fewer replicas than asked for raise StoreNotReplicated: recoverable, retry the key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from backends.redis.keys import KeySpace
-from backends.redis.link import RedisLink
+from backends.redis.link import Arg, RedisLink
+from backends.redis.lua import Script
 from service.domain.errors import StoreNotReplicated
 
 
@@ -46,3 +56,17 @@ class Replication:
             shard = self.keys.conversation(tenant, conversation).shard
             self.check(await self.link.replication_barrier(shard.barrier, self.replicas,
                                                            self.wait_ms))  # fmt: skip
+
+    async def read(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], barrier: str
+    ) -> Any:
+        """A reading script whose answer rests on state replicas must hold: with
+        ``replicas > 0`` the script, an INCR of ``barrier`` (a key of its shard) and
+        WAIT in one pipeline on one connection; without, the script alone."""
+        if not self.replicas:
+            return await self.link.script(script, keys, args, write=False)
+        reply, acked = await self.link.script_and_wait(
+            script, keys, args, self.replicas, self.wait_ms, barrier=barrier
+        )
+        self.check(acked)
+        return reply

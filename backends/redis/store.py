@@ -424,7 +424,7 @@ class RedisMessageStore(MessageStore):
     # --- history and readiness ---------------------------------------------------
 
     async def history_page(self, query: HistoryQuery) -> HistoryPage:
-        return await history.history_page(self._calls, query)
+        return await history.history_page(self._calls, self._replication, query)
 
     async def readiness(self) -> None:
         """PING-level reachability, this deployment's identity on every shard,

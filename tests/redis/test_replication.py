@@ -27,6 +27,7 @@ from service.domain.errors import (
     Recoverable,
     StoreNotReplicated,
 )
+from service.domain.model import HistoryQuery
 from service.domain.ports import Backend
 from tests.servers.redis_server import RedisServer, open_initialised
 from tests.support import committer, conversation, send, text, unique
@@ -215,5 +216,37 @@ async def test_with_wait_a_membership_change_waits_for_replicas(
         _wait_in_sync(own_redis_server.url, replica.url)
         info = await m.add_members(tenant, "c1", ["dave"])  # answered once replicated
         assert info.conversation == "c1"
+    finally:
+        await backend.close()
+
+
+async def test_with_wait_history_shows_only_what_replicas_hold(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """A send whose WAIT failed is on the primary alone: a failover can lose it and
+    give its seq to another message. A History page served from that primary (a paused
+    one that resumed before Sentinel demoted it) must not show it, or a device stores
+    a message that never existed and is later told a different one holds its seq (the
+    e2e nemesis, seed 3117: both devices of a user stuck on "two different messages
+    arrived for one conversation seq"). With ``wait_replicas=1`` the page is answered
+    only once a replica holds what it shows."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    query = HistoryQuery(tenant, "c1", "bob")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))
+        _pause(replica)
+        try:
+            with pytest.raises(Recoverable):  # on the primary only: no ACK
+                await c.commit_send(send(tenant))
+            with pytest.raises(StoreNotReplicated):  # nor a page that shows it
+                await backend.store.history_page(query)
+        finally:
+            _resume(replica)
+        _wait_in_sync(own_redis_server.url, replica.url)
+        page = await backend.store.history_page(query)
+        assert kept.seq in [r.seq for r in page.records]  # replicated: answered again
     finally:
         await backend.close()
