@@ -25,9 +25,14 @@ stuck               still pending (not parked) after the settle bound
 phantom             a message id a device holds that the server does not
 ==================  ===========================================================
 
-"Surely a member": by the membership changes' wall-clock windows (the parent's
-clock before and after the admin call; the server stamps records with the same
-machine's clock); a record inside a window is not judged.
+"Surely a member": at the membership version the message's delivery was frozen at
+(``Ledger.frozen``, when the run knows it: the e2e nemesis reads it from the
+mailbox entries), after the newest change of that user whose answer carried a
+version at or below it; a change whose answer was lost leaves that user, and only
+it, unjudged until a later answered change. A message of unknown version is judged
+by the changes' wall-clock windows instead (the parent's clock before and after the
+admin call; the server stamps records with the same machine's clock); a record
+inside a window is not judged.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class Change:
     member_after: bool
     before_s: float
     after_s: float
+    version: int | None = None
+    """The membership version its answer carried; None when the answer was lost."""
 
 
 @dataclass
@@ -76,14 +83,49 @@ class Ledger:
     initial: dict[str, set[str]]
     attempts: list[SendAttempt] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    """In the order they were made (one at a time): answered versions only grow."""
+    frozen: dict[str, int] = field(default_factory=dict)
+    """The membership version each message's delivery was frozen at, by message id."""
 
     def record(self, attempt: SendAttempt, _now_s: float) -> None:
         self.attempts.append(attempt)
 
     def membership(
-        self, conversation: str, user: str, member_after: bool, before_s: float, after_s: float
+        self,
+        conversation: str,
+        user: str,
+        member_after: bool,
+        before_s: float,
+        after_s: float,
+        version: int | None = None,
     ) -> None:
-        self.changes.append(Change(conversation, user, member_after, before_s, after_s))
+        change = Change(conversation, user, member_after, before_s, after_s, version)
+        self.changes.append(change)
+
+    def recipient(self, record: MessageRecord, user: str) -> bool | None:
+        """Whether ``user`` surely was (not) a member for ``record``: at its frozen
+        version when known (``member_at_version``), else by the windows."""
+        version = self.frozen.get(record.message_id)
+        if version is None:
+            return self.member_at(record.conversation, user, record.server_ts_ms / 1000)
+        return self.member_at_version(record.conversation, user, version)
+
+    def member_at_version(self, conversation: str, user: str, version: int) -> bool | None:
+        """True/False when surely (not) a member at membership ``version``: as the
+        newest answered change of ``user`` at or below it left it (the initial
+        members before any); None when a change with a lost answer came after that
+        one (its version, below or above ``version``, is unknown)."""
+        state: bool | None = user in self.initial.get(conversation, set())
+        for c in self.changes:
+            if c.conversation != conversation or c.user != user:
+                continue
+            if c.version is None:
+                state = None
+            elif c.version <= version:
+                state = c.member_after
+            else:
+                break
+        return state
 
     def member_at(self, conversation: str, user: str, ts_s: float) -> bool | None:
         """True/False when surely (not) a member at ``ts_s``; None inside a change."""
@@ -155,7 +197,7 @@ def check(
     for conversation_records in history.values():
         for r in conversation_records:
             records.setdefault((r.sender, r.cmid), []).append(r)
-            if ledger.member_at(r.conversation, r.sender, r.server_ts_ms / 1000) is False:
+            if ledger.recipient(r, r.sender) is False:
                 v.bad("wrong_refusal", f"{r.cmid} committed while {r.sender} was not a member")
     for key, held in records.items():
         if len(held) > 1:
@@ -292,15 +334,14 @@ def missing(
     ledger: Ledger, history: dict[str, list[MessageRecord]], user: str, status: dict[str, Any]
 ) -> list[tuple[str, str]]:
     """Messages a device of ``user`` must hold and does not: those committed while
-    the user was surely a member of a conversation it is a member of at the end."""
+    the user was surely a member (``Ledger.recipient``) of a conversation it is a
+    member of at the end."""
     lacking = []
     for conversation, ids in status.get("held", {}).items():
         if user not in ledger.final_members(conversation):
             continue
         mine = set(ids)
         for r in history.get(conversation, []):
-            if r.message_id not in mine and ledger.member_at(
-                conversation, user, r.server_ts_ms / 1000
-            ):
+            if r.message_id not in mine and ledger.recipient(r, user):
                 lacking.append((conversation, r.message_id))
     return lacking
