@@ -1,16 +1,26 @@
 """The delivery checker judges each message's recipients by the membership version
 its delivery was frozen at (DESIGN §9), not by wall-clock windows around the
 membership changes: synthetic histories around an add, a removal and a loss
-inside the old slack window."""
+inside the old slack window; and the versions as the inboxes' entries carry them
+(``frozen.FrozenVersions``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from backends.memory import open_memory_backend
+from backends.memory.state import MemoryState
+from service.domain.mailbox import Mailbox
 from service.domain.model import MessageContent, MessageRecord, MessageType
+from service.domain.ports import ManualClock
+from tests.conformance.relay_support import drain, ports
+from tests.support import committer, send, unique
 from toolkit.client_campaign.proc_check import Ledger
-from toolkit.nemesis.e2e import delivery
+from toolkit.nemesis.e2e import delivery, frozen
+from toolkit.nemesis.e2e.frozen import FrozenVersions
 
 
 @dataclass
@@ -100,3 +110,47 @@ def test_a_message_without_a_known_version_keeps_the_windows() -> None:
     ledger.membership("c0", "u1", True, 10.0, 10.1, version=3)
     assert len(judge(ledger, message("u0", 10.5), u1_holds=False)) == 2
     assert judge(ledger, message("u0", 9.0), u1_holds=False) == []
+
+
+# --- where the versions come from: the inboxes' entries --------------------------------
+
+
+async def test_the_versions_read_from_the_inboxes_are_the_ones_each_delivery_froze(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory backend, the relay drained: m0 is frozen at the creation's version,
+    m1 at the add's (carol's inbox holds only m1); paged one entry at a time, and
+    what a new epoch dropped stays known."""
+    monkeypatch.setattr(frozen, "PAGE", 1)
+    clock = ManualClock()
+    backend = open_memory_backend(MemoryState(), clock=clock)
+    tenant = unique("t")
+    created = await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
+    m0 = await committer(backend, clock).commit_send(send(tenant, "c1"))
+    added = await backend.membership.add_members(tenant, "c1", ["carol"])
+    m1 = await committer(backend, clock).commit_send(send(tenant, "c1"))
+    await drain(backend, "relay-a", clock)
+    store = ports(backend).mailbox
+    versions = FrozenVersions()
+    await versions.read(store, tenant, ["alice", "bob", "carol"])
+    assert created.version < added.version
+    assert versions.seen == {m0.message_id: {created.version}, m1.message_id: {added.version}}
+    assert (versions.reads, versions.failed, versions.anomalies()) == (3, 0, [])
+    await store.new_epoch(Mailbox.inbox(tenant, "alice"))
+    await versions.read(store, tenant, ["alice"])
+    ledger = Ledger(initial={"c1": {"alice", "bob"}})
+    ledger.membership("c1", "carol", True, 0.0, 0.0, version=added.version)
+    versions.into(ledger)
+    assert ledger.frozen == {m0.message_id: created.version, m1.message_id: added.version}
+    assert ledger.member_at_version("c1", "carol", ledger.frozen[m0.message_id]) is False
+    assert ledger.member_at_version("c1", "carol", ledger.frozen[m1.message_id]) is True
+
+
+def test_entries_of_one_message_at_two_versions_are_a_frozen_version_anomaly() -> None:
+    versions = FrozenVersions()
+    for message_id, version in [("m1", 2), ("m1", 2), ("m2", 2), ("m2", 3), ("m3", 0)]:
+        versions.add(message_id, version)
+    assert versions.anomalies() == ["frozen-version: m2 has entries at membership versions [2, 3]"]
+    ledger = Ledger(initial={})
+    versions.into(ledger)
+    assert ledger.frozen == {"m1": 2}  # m2 by the windows; m3 (release 1) has none

@@ -16,6 +16,7 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,19 +182,21 @@ class Fleet:
         adding = user not in self.members[conversation]
         try:
             if adding:
-                await admin.add_members(TENANT, conversation, [user])
+                answer = await admin.add_members(TENANT, conversation, [user])
             else:
-                await admin.remove_members(TENANT, conversation, [user])
-        except CommitError:  # unknown outcome: the change stays unknown, so not judged
+                answer = await admin.remove_members(TENANT, conversation, [user])
+        except CommitError:  # unknown outcome: its version unknown, its user not judged
             self.count("membership unknown")
             self.ledger.membership(conversation, user, adding, before, float("inf"))
             return
         (self.members[conversation].add if adding else self.members[conversation].discard)(user)
-        self.ledger.membership(conversation, user, adding, before, time.time())
+        after = time.time()
+        self.ledger.membership(conversation, user, adding, before, after, answer.version)
         self.count("membership change")
         op = "add" if adding else "remove"
         self.ops.append({"op": op, "user": user, "conversation": conversation,
-                         "invoke": before, "return": time.time()})  # fmt: skip
+                         "invoke": before, "return": after,
+                         "version": answer.version})  # fmt: skip
 
     async def read_lanes(self, stop: asyncio.Event) -> None:
         cursors = {u: MailboxCursor(INBOX) for u in self.users}
@@ -234,12 +237,18 @@ class Fleet:
 
     # --- settling -------------------------------------------------------------------
 
-    async def settle(self, timeout_s: float, stall_s: float = STALL_S) -> float:
+    async def settle(
+        self,
+        timeout_s: float,
+        stall_s: float = STALL_S,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> float:
         """Seconds until every device is online with nothing pending and nothing
         missing (dead ones restarted); -1 when ``timeout_s`` passed first, or when for
         ``stall_s`` every device was online and nothing it holds, lacks or has pending
         changed: a relay that skipped an entry never delivers it, and waiting out the
-        whole timeout for it only makes a caught run slower."""
+        whole timeout for it only makes a caught run slower. ``refresh`` runs before
+        each look (the messages' frozen versions, which decide what is missing)."""
         for d in self.devices:
             await d.command(op="disarm")
         began = time.monotonic()
@@ -250,6 +259,8 @@ class Fleet:
                 if not d.alive:
                     await d.kill()
                     self.restart(i)
+            if refresh is not None:
+                await refresh()
             done, seen = await self._settle_state()
             now = time.monotonic()
             if done:

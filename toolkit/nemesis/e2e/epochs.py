@@ -31,7 +31,7 @@ class LaneEpochs:
         self._backend: Backend | None = None
         self._before: dict[str, int] = {}
 
-    async def _store(self) -> MailboxStore:
+    async def store(self) -> MailboxStore:
         if self._backend is None:
             parser = argparse.ArgumentParser()
             service_config.add_arguments(parser)
@@ -53,14 +53,14 @@ class LaneEpochs:
         return Mailbox.inbox(self._tenant, user)
 
     async def epoch(self, user: str) -> int:
-        store = await self._store()
+        store = await self.store()
         (state,) = await store.lane_state([self.inbox(user)])
         return state.epoch
 
     async def begin(self, user: str) -> None:
         """Start the next epoch of ``user``'s inbox (its epoch before is kept for the proof)."""
         self._before[user] = await self.epoch(user)
-        await (await self._store()).new_epoch(self.inbox(user))
+        await (await self.store()).new_epoch(self.inbox(user))
 
     async def prove(self, user: str) -> tuple[bool, str]:
         """Whether the inbox's epoch grew since ``begin``, and the evidence."""

@@ -10,7 +10,11 @@ it counts; restarted at the fault's end, proven by its ready line),
 file at the end) and ``new-epoch`` (an operator starts the next epoch of a random
 user's inbox, ``epochs.py``; proven by the lane's epoch, which must have grown).
 After the commit checks, the devices settle and ``delivery.check`` and
-``lanes.check`` judge them; their anomalies add to the checker's count.
+``lanes.check`` judge them; their anomalies add to the checker's count. The
+recipients of each message are its members at the membership version its delivery
+was frozen at, which ``frozen.FrozenVersions`` reads from the inboxes' entries
+during the run and at the settle (the answers of the membership changes carry
+theirs).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import contextlib
 import os
 from pathlib import Path
 
+from service.domain.delivery import MailboxStore
 from toolkit.client_campaign.device import TENANT
 from toolkit.nemesis.cli import Nemesis
-from toolkit.nemesis.e2e import delivery, lanes
+from toolkit.nemesis.e2e import delivery, frozen, lanes
 from toolkit.nemesis.e2e.devices import STALL_S, Fleet
 from toolkit.nemesis.e2e.epochs import LaneEpochs
+from toolkit.nemesis.e2e.frozen import FrozenVersions
 from toolkit.nemesis.history import HistoryWriter
 from toolkit.nemesis.schedule import Fault, FaultKind
 from toolkit.soak.procs import Proc
@@ -126,17 +132,36 @@ class E2ENemesis(Nemesis):
         fleet = Fleet(seed, self.args.users, targets, self.work / f"devices-{seed}")
         self.fleet = fleet
         await fleet.start()
+        versions = FrozenVersions()
+        store: MailboxStore | None = None
+        with contextlib.suppress(Exception):  # opened before any fault; none: the windows
+            assert self.epochs is not None
+            store = await self.epochs.store()
+
+        async def read_versions() -> None:
+            if store is not None:
+                await versions.read(store, TENANT, fleet.users)
+                versions.into(fleet.ledger)
+
+        async def watch_versions(stop: asyncio.Event) -> None:
+            while not stop.is_set():
+                await read_versions()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), frozen.EVERY_S)
+
         stop = asyncio.Event()
         tasks = [asyncio.create_task(fleet.drive(stop))]
         tasks.append(asyncio.create_task(fleet.read_lanes(stop)))
+        tasks.append(asyncio.create_task(watch_versions(stop)))
         try:
             own, por = await super().schedule(seed)
             stop.set()
             await asyncio.gather(*tasks)
             for relay in self.relays:
                 await asyncio.to_thread(relay.start)
-            settled = await fleet.settle(SETTLE_S)
+            settled = await fleet.settle(SETTLE_S, refresh=read_versions)
             await fleet.read_lanes(stop)  # once more: the lanes after the settle
+            await read_versions()
             history = await fleet.history()
             statuses = {(d.user, d.device): await fleet.status(d) for d in fleet.devices}
         finally:
@@ -150,6 +175,7 @@ class E2ENemesis(Nemesis):
             if self.epochs is not None:
                 await self.epochs.close()
         found = delivery.check(fleet.ledger, history, fleet.devices, statuses)
+        found.anomalies += versions.anomalies()
         found.verdict.settled_in_s = settled
         if settled < 0:
             found.anomalies.append(
@@ -165,6 +191,11 @@ class E2ENemesis(Nemesis):
               f" {c.get('send refused', 0)}, to dead {c.get('send dead', 0)};"
               f" membership changes {c.get('membership change', 0)}; settled in {settled:.1f}s;"
               f" outcomes: {outcomes or 'none'}", flush=True)  # fmt: skip
+        committed = sum(len(records) for records in history.values())
+        known = sum(r.message_id in fleet.ledger.frozen for rs in history.values() for r in rs)
+        print(f"  e2e: recipients judged at the frozen version for {known} of {committed}"
+              f" messages (the rest by the windows); inbox reads {versions.reads}, cut short"
+              f" {versions.failed}")  # fmt: skip
         print(f"  e2e: lane reads {lane.reads}, entries {lane.entries}, CursorExpired"
               f" {lane.expired}, sync errors {c.get('sync errors', 0)}; store messages"
               f" compared with History {found.held}")  # fmt: skip
