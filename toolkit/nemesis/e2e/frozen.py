@@ -40,6 +40,8 @@ class FrozenVersions:
     """Inboxes read whole."""
     failed: int = 0
     """Inbox reads a fault (or a new epoch under the read) cut short."""
+    cursors: dict[str, MailboxCursor] = field(default_factory=dict)
+    """Where the last whole read of each user's inbox ended."""
 
     def add(self, message_id: str, version: int) -> None:
         if version != UNKNOWN_VERSION:  # a release-1 entry: recipients frozen inline
@@ -71,12 +73,18 @@ class FrozenVersions:
                 self.failed += 1
 
     async def _inbox(self, store: MailboxStore, mailbox: Mailbox) -> None:
+        """From where the last read of this inbox stopped (its epoch unchanged and
+        not trimmed past), else from the trim watermark: each read costs what was
+        appended since, not the whole lane."""
         (state,) = await store.lane_state([mailbox])
-        cursor = MailboxCursor(INBOX, state.epoch, state.watermark)
+        cursor = self.cursors.get(mailbox.owner)
+        if cursor is None or cursor.epoch != state.epoch or cursor.seq < state.watermark:
+            cursor = MailboxCursor(INBOX, state.epoch, state.watermark)
         while True:
             page = await store.sync(mailbox, cursor, PAGE, MAX_PAGE_BYTES)
             for entry in page.entries:
                 self.add(entry.record.message_id, entry.membership_version)
             if not page.more or page.next_cursor == cursor:
+                self.cursors[mailbox.owner] = page.next_cursor
                 return
             cursor = page.next_cursor
