@@ -154,15 +154,26 @@ class CassandraCluster:
         return f"NetworkTopologyStrategy:{parts}"
 
     def start(self, timeout: float = 240) -> None:
-        """Start every stopped node, one after another, then wait until each sees the rest."""
+        """Start every stopped node, the others side by side once the seed's gossip
+        port is open, wait until each takes CQL clients, then until each sees the rest.
+        No node bootstraps (``auto_bootstrap: false``, a fixed token each), so none
+        streams data; a non-seed only needs the seed to answer its gossip shadow round
+        (without it: "Unable to gossip with any peers"). ``start_seconds``: each
+        node's seconds from the first launch to ready."""
         node_module.ensure_jars()
         self.start_seconds = []
         try:
-            for node in self.nodes:
-                if node.is_running():
-                    continue
-                began = time.monotonic()
-                node.start(timeout)
+            began = time.monotonic()
+            launched = [n for n in self.nodes if not n.is_running()]
+            seed = self.nodes[0]
+            if seed in launched:
+                seed.launch()
+                seed.wait_gossip_port(timeout)
+            for node in launched:
+                if node is not seed:
+                    node.launch()
+            for node in launched:
+                node.wait_ready(max(1.0, timeout - (time.monotonic() - began)))
                 self.start_seconds.append(time.monotonic() - began)
             self.wait_all_up(timeout)
         except BaseException:

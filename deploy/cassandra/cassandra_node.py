@@ -307,6 +307,12 @@ native_transport_max_threads: {size.native_transport_max_threads}
 
     def start(self, timeout: float = 180) -> None:
         """Start the node and block until CQL clients can connect."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the JVM and return at once (``wait_ready`` waits for CQL): a cluster
+        launches its nodes side by side."""
         if self.is_running():
             raise CassandraError(f"already running (pid {self.pid})")
         for port in (self._port, self.storage_port):
@@ -327,6 +333,13 @@ native_transport_max_threads: {size.native_transport_max_threads}
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         _live.add(self)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Block until the launched node takes CQL clients; kill it and raise
+        CassandraError when it exits or is not ready within ``timeout``."""
+        if self._proc is None:
+            raise CassandraError("wait_ready follows launch")
+        log_offset = self.log_offset
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -345,6 +358,22 @@ native_transport_max_threads: {size.native_transport_max_threads}
         except OSError:
             return False
         return all(line.encode() in text for line in READY_LINES)
+
+    def wait_gossip_port(self, timeout: float = 180) -> None:
+        """Block until the launched node's storage (gossip) port takes connections:
+        from then on it answers the shadow round of a node that starts beside it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                self.wait_ready(0)  # raises, with the log tail
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.host, self.storage_port), 1),
+            ):
+                return
+            time.sleep(0.25)
+        self.kill()
+        self._fail(f"did not open its storage port within {timeout:.0f}s")
 
     def _port_open(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection((self.host, self._port), 1):
