@@ -108,11 +108,8 @@ class RedisConversationIndex(ConversationIndex):
                 "ZRANGE", zset, after.at_ms, "+inf", "BYSCORE", "WITHSCORES",
                 "LIMIT", offset, batch, write=False,
             )  # fmt: skip
-            if not isinstance(raw, list):
-                raise StoreCorrupt("redis gave an unexpected reply")
             pairs = [
-                LeftMark(int(float(codec.to_str(raw[i + 1]))), codec.to_str(raw[i]))
-                for i in range(0, len(raw), 2)
+                LeftMark(int(score), member.decode()) for member, score in codec.score_pairs(raw)
             ]
             marks += [m for m in pairs if m > after]
             if len(pairs) < batch:
