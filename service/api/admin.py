@@ -65,6 +65,7 @@ MAX_PAGE_SIZE = 1000
 LOOKUP_CONCURRENCY = 32
 _TOKEN_TAG = b"c1\x00"
 _LEFT_TAG = b"l1\x00"
+MAX_MS = 2**63
 
 
 @contextmanager
@@ -133,7 +134,7 @@ def _parse_left_token(token: str) -> LeftMark:
         if not raw.startswith(_LEFT_TAG):
             raise ValueError
         at, sep, conversation = raw[len(_LEFT_TAG) :].decode().partition(":")
-        if not sep or not at.isdigit() or not conversation:
+        if not sep or not at.isdigit() or int(at) >= MAX_MS or not conversation:
             raise ValueError
         return LeftMark(int(at), check_id("conversation", conversation))
     except (ValueError, binascii.Error, UnicodeDecodeError, InvalidRequest):
@@ -234,6 +235,8 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
         if request.page_size > MAX_PAGE_SIZE:
             raise InvalidRequest(f"page_size must be at most {MAX_PAGE_SIZE}")
+        if request.left_after_ms >= MAX_MS:
+            raise InvalidRequest("left_after_ms must be below 2^63")
         floor = request.left_after_ms
         if self._history_retention_ms:  # History holds nothing of older departures
             floor = max(floor, self._clock.now_ms() - self._history_retention_ms)
