@@ -156,7 +156,7 @@ async def test_list_left_conversations_pages_departures_and_skips_members_again(
         {"left_after_ms": 2**63},
     ):
         with pytest.raises(InvalidRequest):
-            await client.list_left_conversations("t1", "alice", **bad)  # type: ignore[arg-type]
+            await client.list_left_conversations("t1", "alice", **bad)
     with pytest.raises(InvalidRequest):
         await client.list_left_conversations("t1", "bad user")
 
