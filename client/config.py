@@ -47,6 +47,12 @@ class RuntimeConfig:
     """How far below the newest seq it held the backfill of a conversation
     reaches, for messages committed out of seq order."""
 
+    rebuild_left_margin_s: float = 86_400.0
+    """A REBUILD also backfills the conversations the user left since the newest
+    message this device read from the lane, less this margin (the longest relay
+    delay it allows for): those it may have missed. With nothing read, all of
+    them (the server lists none older than History's retention)."""
+
     history_check_after_s: float = 6 * 86_400.0
     """Only for a server that does not state its idempotency window in
     ResumeExisting's answer: a pending send first sent longer ago than this,
@@ -86,6 +92,8 @@ class RuntimeConfig:
             raise ValueError("timeouts and delays must be positive")
         if not 0 < self.retry_initial_s <= self.retry_max_s:
             raise ValueError("retry_initial_s must be positive and at most retry_max_s")
+        if self.rebuild_left_margin_s < 0:
+            raise ValueError("rebuild_left_margin_s must not be negative")
         if not 1 <= self.sync_limit <= 1000 or not 1 <= self.backfill_page <= 200:
             raise ValueError("sync_limit must be 1-1000 and backfill_page 1-200")
         return self

@@ -208,6 +208,22 @@ class ConversationSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftConversation:
+    """An entry of the list of conversations the user left (ListLeftConversations)."""
+
+    conversation: str
+    lane: str
+    left_at_version: int
+    left_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeftConversationPage:
+    conversations: tuple[LeftConversation, ...]
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationPage:
     conversations: tuple[ConversationSummary, ...]
     next_page_token: str = ""

@@ -439,6 +439,7 @@ class ClientRuntime:
         listed = await self.list_conversations(api, account)
         targets = [c.conversation for c in listed if c.lane == expired.lane]
         targets += await self._held_unlisted(expired.lane, {c.conversation for c in listed})
+        targets += await self._left_unheld(api, account, expired.lane, set(targets))
         floors = []
         for conversation in targets:
             newest = await self.store.max_seq(conversation)
@@ -484,6 +485,31 @@ class ClientRuntime:
             for v in held
             if v.lane == lane and v.conversation not in listed and v.last_seq > 0
         ]
+
+    async def _left_unheld(
+        self, api: ServerApi, account: ConnectRequest, lane: str, targeted: set[str]
+    ) -> list[str]:
+        """The conversations of ``lane`` the user left (ListLeftConversations) that
+        are not targeted yet: ones this device held nothing of (a new device, or
+        one that read nothing of them before going away). What was committed there
+        while the user was a member may have been only in the expired epoch's lane;
+        History still shows it to a former member. Bounded by what this device
+        read: departures before the newest message it read from the lane (less a
+        margin for relay delay) left nothing there it had not read already."""
+        newest = await self.store.newest_read_ms(lane)
+        since = max(0, newest - int(self.config.rebuild_left_margin_s * 1000)) if newest else 0
+        found: list[str] = []
+        token = ""
+        for _ in range(MAX_LIST_PAGES):
+            page = await api.list_left_conversations(account.tenant, account.user, since, 0, token)
+            for c in page.conversations:
+                if c.lane == lane and c.conversation not in targeted:
+                    targeted.add(c.conversation)
+                    found.append(c.conversation)
+            token = page.next_page_token
+            if not token:
+                break
+        return found
 
     async def list_conversations(
         self, api: ServerApi, account: ConnectRequest

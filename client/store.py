@@ -172,6 +172,10 @@ class LocalStore(abc.ABC):
         """The highest conversation seq stored (0: none)."""
 
     @abc.abstractmethod
+    async def newest_read_ms(self, lane: str) -> int:
+        """The newest server time of a message read from ``lane``'s mailbox (0: none)."""
+
+    @abc.abstractmethod
     async def conversations(self) -> list[ConversationView]:
         """The conversation projection, by conversation id."""
 

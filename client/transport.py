@@ -27,6 +27,8 @@ from client.model import (
     ConversationPage,
     ConversationSummary,
     Heartbeat,
+    LeftConversation,
+    LeftConversationPage,
     MailboxCursor,
     MailboxEvent,
     MailboxHint,
@@ -80,6 +82,11 @@ class ServerApi(abc.ABC):
     async def list_conversations(
         self, tenant: str, user: str, page_size: int, page_token: str
     ) -> ConversationPage: ...
+
+    @abc.abstractmethod
+    async def list_left_conversations(
+        self, tenant: str, user: str, left_after_ms: int, page_size: int, page_token: str
+    ) -> LeftConversationPage: ...
 
     @abc.abstractmethod
     async def sync(self, tenant: str, user: str, cursor: MailboxCursor, limit: int) -> MailboxPage:
@@ -190,6 +197,25 @@ class GrpcServerApi(ServerApi):
         return ConversationPage(
             tuple(
                 ConversationSummary(c.conversation, c.version, c.member_count, c.lane)
+                for c in response.conversations
+            ),
+            response.next_page_token,
+        )
+
+    async def list_left_conversations(
+        self, tenant: str, user: str, left_after_ms: int, page_size: int, page_token: str
+    ) -> LeftConversationPage:
+        request = mpb.ListLeftConversationsRequest(
+            tenant=tenant,
+            user=user,
+            left_after_ms=left_after_ms,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._unary(self._members.ListLeftConversations, request)
+        return LeftConversationPage(
+            tuple(
+                LeftConversation(c.conversation, c.lane, c.left_at_version, c.left_at_ms)
                 for c in response.conversations
             ),
             response.next_page_token,

@@ -117,6 +117,16 @@ class ConversationSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftSummary:
+    """One entry of ListLeftConversations: a conversation the user left, when, and its lane."""
+
+    conversation: str
+    lane: str
+    left_at_version: int
+    left_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ExistingSend:
     """ResumeExisting's answer: the commit of the send if its key is known, and
     how long the server keeps keys (0 when it does not say)."""
@@ -292,6 +302,31 @@ class CommitClient:
         response = await self._call(self._members.ListConversations, request)
         found = [
             ConversationSummary(c.conversation, c.version, c.member_count, c.lane)
+            for c in response.conversations
+        ]
+        return found, response.next_page_token
+
+    async def list_left_conversations(
+        self,
+        tenant: str,
+        user: str,
+        *,
+        left_after_ms: int = 0,
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[LeftSummary], str]:
+        """One page of the conversations the user left (oldest departure first)
+        and the next page's token ("" at the end)."""
+        request = mpb.ListLeftConversationsRequest(
+            tenant=tenant,
+            user=user,
+            left_after_ms=left_after_ms,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._call(self._members.ListLeftConversations, request)
+        found = [
+            LeftSummary(c.conversation, c.lane, c.left_at_version, c.left_at_ms)
             for c in response.conversations
         ]
         return found, response.next_page_token

@@ -150,7 +150,13 @@ class CommitServer:
             self._server,
         )
         membership_pb2_grpc.add_ConversationMembershipServiceServicer_to_server(
-            MembershipServicer(backend.membership, backend.delivery, config.fanout_threshold),
+            MembershipServicer(
+                backend.membership,
+                backend.delivery,
+                config.fanout_threshold,
+                clock,
+                history_retention_ms=config.store_settings().history_retention_ms,
+            ),
             self._server,
         )
         self._stopping = asyncio.Event()

@@ -34,7 +34,13 @@ from client import (
     SendConfirmed,
     open_local_store,
 )
-from client.model import ConversationPage, Heartbeat, MailboxCursor, MailboxPage
+from client.model import (
+    ConversationPage,
+    Heartbeat,
+    LeftConversationPage,
+    MailboxCursor,
+    MailboxPage,
+)
 from client.transport import CallTimeouts, Connector, ServerApi, StreamItem
 from service.client import CommitClient, ExistingSend, RetryPolicy
 from service.domain.model import (
@@ -82,6 +88,11 @@ class AckingApi(ServerApi):
         self, tenant: str, user: str, page_size: int, page_token: str
     ) -> ConversationPage:
         return ConversationPage(())
+
+    async def list_left_conversations(
+        self, tenant: str, user: str, left_after_ms: int, page_size: int, page_token: str
+    ) -> LeftConversationPage:
+        return LeftConversationPage(())
 
     async def sync(self, tenant: str, user: str, cursor: MailboxCursor, limit: int) -> MailboxPage:
         return MailboxPage(cursor.lane, (), MailboxCursor(cursor.lane, 1, cursor.seq))

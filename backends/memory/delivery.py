@@ -19,6 +19,8 @@ from service.domain.delivery import (
     AppendRequest,
     ConversationIndex,
     HistoryRecords,
+    LeftConversation,
+    LeftMark,
     MailboxSettings,
     MailboxStore,
 )
@@ -128,6 +130,8 @@ class DeliveryState:
 
     lanes: dict[tuple[str, str, str], Lane] = field(default_factory=dict)
     index: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    left: dict[tuple[str, str], dict[str, LeftConversation]] = field(default_factory=dict)
+    """(tenant, user) -> conversation -> its latest departure."""
     partitions: dict[str, PartitionState] = field(default_factory=dict)
     relays: dict[str, int] = field(default_factory=dict)
 
@@ -239,6 +243,7 @@ class MemoryMailboxStore(MailboxStore):
 class MemoryConversationIndex(ConversationIndex):
     def __init__(self, state: MemoryState) -> None:
         self._index = state.delivery.index
+        self._left = state.delivery.left
 
     async def add(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
         for user in users:
@@ -254,6 +259,23 @@ class MemoryConversationIndex(ConversationIndex):
         ids = sorted(c for c in self._index.get((tenant, user), set()) if c > after)
         page = tuple(ids[:limit])
         return page, page[-1] if len(ids) > limit else ""
+
+    async def record_left(
+        self, tenant: str, conversation: str, users: Sequence[str], version: int, at_ms: int
+    ) -> None:
+        for user in users:
+            entry = LeftConversation(conversation, version, at_ms)
+            self._left.setdefault((tenant, user), {})[conversation] = entry
+
+    async def left(
+        self, tenant: str, user: str, after: LeftMark, limit: int
+    ) -> tuple[tuple[LeftConversation, ...], LeftMark | None]:
+        entries = sorted(
+            (e for e in self._left.get((tenant, user), {}).values() if e.mark > after),
+            key=lambda e: e.mark,
+        )
+        page = tuple(entries[:limit])
+        return page, page[-1].mark if len(entries) > limit else None
 
 
 class MemoryHistoryRecords(HistoryRecords):

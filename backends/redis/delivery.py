@@ -6,6 +6,12 @@ the raw conversation ids the user was indexed in (score 0, listed in id
 order with ZRANGE BYLEX). Only ids of the service's id alphabet are written
 (``check_id``), so BYLEX bounds never need escaping. History records are read
 with ZRANGE BYSCORE from the conversation's history zset (``P:{n}:h:T:C``).
+
+Departures: ``P:{n}:ul:T:U`` (the shard of ``uc``) is a zset of the
+conversations the user left, scored by the time of the latest departure, with
+``P:{n}:ulv:T:U`` the hash of the version each departure made (written first; a
+failed call is retried by the caller). Listed by (score, id), the order ZRANGE
+BYSCORE gives.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Sequence
 from backends.redis import codec, mailbox, partitions
 from backends.redis.commits import CommitCalls
 from backends.redis.keys import Release1Keys, enc
+from backends.redis.link import Arg
 from backends.redis.mailbox import RedisMailboxStore
 from backends.redis.partitions import RedisOutboxPartitions
 from backends.redis.replication import Replication
@@ -24,6 +31,8 @@ from service.domain.delivery import (
     DeliveryPorts,
     DeliverySettings,
     HistoryRecords,
+    LeftConversation,
+    LeftMark,
 )
 from service.domain.errors import StoreCorrupt
 from service.domain.model import MessageRecord
@@ -41,6 +50,15 @@ class RedisConversationIndex(ConversationIndex):
         ks = self._calls.keys
         shard = ks.shard_of(tenant, "uc", user)
         return f"{ks.prefix}:{{{shard.number}}}:uc:{enc(tenant)}:{enc(user)}"
+
+    def _left_keys(self, tenant: str, user: str) -> tuple[str, str]:
+        ks = self._calls.keys
+        shard = ks.shard_of(tenant, "uc", user)
+        tail = f"{enc(tenant)}:{enc(user)}"
+        return (
+            f"{ks.prefix}:{{{shard.number}}}:ul:{tail}",
+            f"{ks.prefix}:{{{shard.number}}}:ulv:{tail}",
+        )
 
     async def add(self, tenant: str, conversation: str, users: Sequence[str]) -> None:
         if users:
@@ -65,6 +83,51 @@ class RedisConversationIndex(ConversationIndex):
         ids = tuple(codec.to_str(r) for r in raw)
         page = ids[:limit]
         return page, page[-1] if len(ids) > limit and page else ""
+
+    async def record_left(
+        self, tenant: str, conversation: str, users: Sequence[str], version: int, at_ms: int
+    ) -> None:
+        commands: list[tuple[Arg, ...]] = []
+        for user in users:  # the version first: a departure listed without one reads 0
+            zset, versions = self._left_keys(tenant, user)
+            commands += [
+                ("HSET", versions, conversation, version),
+                ("ZADD", zset, at_ms, conversation),
+            ]
+        if commands:
+            await self._calls.link.pipeline(commands, write=True)
+
+    async def left(
+        self, tenant: str, user: str, after: LeftMark, limit: int
+    ) -> tuple[tuple[LeftConversation, ...], LeftMark | None]:
+        zset, versions = self._left_keys(tenant, user)
+        marks: list[LeftMark] = []
+        offset, batch = 0, limit + 1
+        while len(marks) <= limit:  # ties at after.at_ms already listed are skipped
+            raw = await self._calls.link.call(
+                "ZRANGE", zset, after.at_ms, "+inf", "BYSCORE", "WITHSCORES",
+                "LIMIT", offset, batch, write=False,
+            )  # fmt: skip
+            pairs = [
+                LeftMark(int(score), member.decode()) for member, score in codec.score_pairs(raw)
+            ]
+            marks += [m for m in pairs if m > after]
+            if len(pairs) < batch:
+                break
+            offset += batch
+        page = marks[:limit]
+        found = []
+        if page:
+            raw = await self._calls.link.call(
+                "HMGET", versions, *(m.conversation for m in page), write=False
+            )
+            if not isinstance(raw, list) or len(raw) != len(page):
+                raise StoreCorrupt("redis gave an unexpected reply")
+            found = [
+                LeftConversation(m.conversation, int(codec.to_str(v)) if v else 0, m.at_ms)
+                for m, v in zip(page, raw, strict=True)
+            ]
+        return tuple(found), page[-1] if len(marks) > limit else None
 
 
 class RedisHistoryRecords(HistoryRecords):

@@ -19,6 +19,8 @@ from service.domain.delivery import (
     DeliveryPorts,
     DeliverySettings,
     HistoryRecords,
+    LeftConversation,
+    LeftMark,
 )
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
@@ -29,6 +31,10 @@ STATEMENTS = {
     " WHERE tenant = ? AND member = ? AND conversation = ?",
     "uc.list": "SELECT conversation FROM {ks}.user_conversations"
     " WHERE tenant = ? AND member = ? AND conversation > ? LIMIT ?",
+    "ul.add": "INSERT INTO {ks}.user_left (tenant, member, left_ms, conversation, version)"
+    " VALUES (?, ?, ?, ?, ?)",
+    "ul.list": "SELECT left_ms, conversation, version FROM {ks}.user_left"
+    " WHERE tenant = ? AND member = ? AND (left_ms, conversation) > (?, ?) LIMIT ?",
     "hr.seqs": "SELECT seq, message_id, sender, cmid, server_ts_ms, "
     + ", ".join(BODY_COLUMNS)
     + " FROM {ks}.history WHERE tenant = ? AND conversation = ? AND bucket = ? AND seq IN ?",
@@ -61,6 +67,27 @@ class ScyllaConversationIndex(ConversationIndex):
         ids = tuple(r["conversation"] for r in rows)
         page = ids[:limit]
         return page, page[-1] if len(ids) > limit and page else ""
+
+    async def record_left(
+        self, tenant: str, conversation: str, users: Sequence[str], version: int, at_ms: int
+    ) -> None:
+        async def one(user: str) -> None:
+            async with self._limit:
+                await self._cql.write("ul.add", (tenant, user, at_ms, conversation, version))
+
+        await asyncio.gather(*(one(u) for u in users))
+
+    async def left(
+        self, tenant: str, user: str, after: LeftMark, limit: int
+    ) -> tuple[tuple[LeftConversation, ...], LeftMark | None]:
+        rows = await self._cql.read(
+            "ul.list", (tenant, user, after.at_ms, after.conversation, limit + 1)
+        )
+        found = tuple(
+            LeftConversation(r["conversation"], r["version"] or 0, r["left_ms"]) for r in rows
+        )
+        page = found[:limit]
+        return page, page[-1].mark if len(found) > limit and page else None
 
 
 class ScyllaHistoryRecords(HistoryRecords):

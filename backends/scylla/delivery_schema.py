@@ -15,6 +15,8 @@ mailboxes                (tenant, kind, owner) / row_kind,    one mailbox lane: 
                          seq, message_id                      watermark, version, fences; rows 'e'
                                                               entries, 'i' dedupe ids, 'g' groups
 user_conversations       (tenant, member) / conversation      the per-user conversation index
+user_left                (tenant, member) / left_ms,          the conversations a user left, by
+                         conversation                         time (schema 6)
 =======================  ===================================  =====================================
 
 Release 1's (and schema 2's) ``outbox`` table stays: the relay drains it as
@@ -23,6 +25,11 @@ the partition ``scylla:legacy``; new commits publish to ``outbox_log``.
 Schema 4 adds ``mailboxes.membership_version``: the membership version an
 entry's message was frozen at (``service.domain.mailbox.readable``). Entries
 written before it read as 0 (unknown).
+
+Schema 6 adds ``user_left`` (``LEFT_TABLE``): one row per departure, read as a
+clustering slice from a time, so departures older than the reader's bound
+(at most History's retention) are never read. A conversation left twice has
+two rows; the listing keeps the latest of a page.
 """
 
 from __future__ import annotations
@@ -82,3 +89,8 @@ TABLES: tuple[str, ...] = (
     PRIMARY KEY ((tenant, member), conversation)
 ) WITH comment = 'the conversations of a user (confirmed by admission on read)'""",
 )
+
+LEFT_TABLE = """CREATE TABLE IF NOT EXISTS {ks}.user_left (
+    tenant text, member text, left_ms bigint, conversation text, version bigint,
+    PRIMARY KEY ((tenant, member), left_ms, conversation)
+) WITH comment = 'the conversations a user left, by time (confirmed by admission on read)'"""

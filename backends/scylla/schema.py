@@ -58,7 +58,7 @@ from backends.scylla import delivery_schema
 from service.domain.errors import StoreInvalid
 
 SCHEMA_SCOPE = "message_committer"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 HISTORY_BUCKET = 1000
 """Sequence numbers per history partition: bounded partitions, few reads per page."""
 
@@ -195,6 +195,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         (),
         (Column("history", "membership_version", "bigint"),),
     ),
+    Migration(6, "the conversations a user left, by time", (delivery_schema.LEFT_TABLE,)),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION
 

@@ -512,6 +512,18 @@ class SqliteLocalStore(LocalStore):
 
         return await self._run(read)
 
+    async def newest_read_ms(self, lane: str) -> int:
+        def read(db: sqlite3.Connection) -> int:
+            row = db.execute(
+                "SELECT COALESCE(MAX(m.server_ts_ms), 0) FROM messages m"
+                " JOIN conversations c ON c.conversation = m.conversation"
+                " WHERE c.lane = ? AND m.origin = ?",
+                (lane, Origin.MAILBOX.value),
+            ).fetchone()
+            return int(row[0])
+
+        return await self._run(read)
+
     async def conversations(self) -> list[ConversationView]:
         def read(db: sqlite3.Connection) -> list[ConversationView]:
             rows = db.execute(

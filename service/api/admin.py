@@ -17,6 +17,13 @@ entry, and the call fails so the caller retries). Extra entries never show:
 ListConversations confirms every entry with an admission lookup. It reports
 each conversation's lane: its own (``conversation:<id>``) when it has more
 members than the fan-out threshold or has had its own lane, else ``inbox``.
+
+RemoveMembers also records each removed user's departure (conversation, the
+version the removal made, server time) *after* the removal and before the
+unindexing; a failed record fails the call, and the retry records it again.
+ListLeftConversations lists them by time from a bound the caller gives (a
+rebuilding device: what it may have missed), never older than History's
+retention, and skips the conversations the user is a member of again.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from grpc import aio
 
 from service.api.errors import ConversationExists
 from service.domain import membership as rules
-from service.domain.delivery import DeliveryPorts
+from service.domain.delivery import DeliveryPorts, LeftConversation, LeftMark
 from service.domain.errors import (
     ConversationNotFound,
     InvalidRequest,
@@ -46,7 +53,7 @@ from service.domain.errors import (
 from service.domain.ids import check_id
 from service.domain.mailbox import INBOX, Mailbox, conversation_lane
 from service.domain.model import MembershipInfo
-from service.domain.ports import MembershipStore
+from service.domain.ports import Clock, MembershipStore
 from service.gen.message_committer.v1 import membership_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2_grpc
 
@@ -57,6 +64,8 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 LOOKUP_CONCURRENCY = 32
 _TOKEN_TAG = b"c1\x00"
+_LEFT_TAG = b"l1\x00"
+MAX_MS = 2**63
 
 
 @contextmanager
@@ -114,14 +123,42 @@ def _parse_conversations_token(token: str) -> str:
         raise InvalidRequest("page_token is not one this service issued") from None
 
 
+def _left_token(mark: LeftMark) -> str:
+    raw = _LEFT_TAG + f"{mark.at_ms}:{mark.conversation}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_left_token(token: str) -> LeftMark:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        if not raw.startswith(_LEFT_TAG):
+            raise ValueError
+        at, sep, conversation = raw[len(_LEFT_TAG) :].decode().partition(":")
+        if not sep or not at.isdigit() or int(at) >= MAX_MS or not conversation:
+            raise ValueError
+        return LeftMark(int(at), check_id("conversation", conversation))
+    except (ValueError, binascii.Error, UnicodeDecodeError, InvalidRequest):
+        raise InvalidRequest("page_token is not one this service issued") from None
+
+
 class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServicer):
     """Serves message_committer.v1.ConversationMembershipService over a MembershipStore
     and the per-user conversation index of the backend's delivery side."""
 
-    def __init__(self, store: MembershipStore, delivery: DeliveryPorts, threshold: int) -> None:
+    def __init__(
+        self,
+        store: MembershipStore,
+        delivery: DeliveryPorts,
+        threshold: int,
+        clock: Clock,
+        *,
+        history_retention_ms: int = 0,
+    ) -> None:
         self._store = store
         self._delivery = delivery
         self._threshold = threshold
+        self._clock = clock
+        self._history_retention_ms = history_retention_ms
 
     async def CreateConversation(
         self, request: pb.CreateConversationRequest, context: Context
@@ -152,7 +189,11 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         members = _members(request.members)
         with _store_errors():
             changed = await self._store.remove_members(tenant, conversation, members)
-            await self._delivery.index.remove(tenant, conversation, sorted(set(members)))
+            users = sorted(set(members))
+            await self._delivery.index.record_left(
+                tenant, conversation, users, changed.version, self._clock.now_ms()
+            )
+            await self._delivery.index.remove(tenant, conversation, users)
         return pb.RemoveMembersResponse(membership=_version(changed))
 
     async def ListMembers(
@@ -188,6 +229,67 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
         token = _conversations_token(next_after) if next_after else ""
         return pb.ListConversationsResponse(conversations=summaries, next_page_token=token)
 
+    async def ListLeftConversations(
+        self, request: pb.ListLeftConversationsRequest, context: Context
+    ) -> pb.ListLeftConversationsResponse:
+        tenant, user = check_id("tenant", request.tenant), check_id("user", request.user)
+        if request.page_size > MAX_PAGE_SIZE:
+            raise InvalidRequest(f"page_size must be at most {MAX_PAGE_SIZE}")
+        if request.left_after_ms >= MAX_MS:
+            raise InvalidRequest("left_after_ms must be below 2^63")
+        floor = request.left_after_ms
+        if self._history_retention_ms:  # History holds nothing of older departures
+            floor = max(floor, self._clock.now_ms() - self._history_retention_ms)
+        after = LeftMark(floor)  # every id sorts after ""
+        if request.page_token:
+            after = max(after, _parse_left_token(request.page_token))
+        with _store_errors():
+            entries, next_mark = await self._delivery.index.left(
+                tenant, user, after, request.page_size or DEFAULT_PAGE_SIZE
+            )
+            left = await self._departures(tenant, user, entries)
+        token = _left_token(next_mark) if next_mark is not None else ""
+        return pb.ListLeftConversationsResponse(conversations=left, next_page_token=token)
+
+    async def _departures(
+        self, tenant: str, user: str, entries: Sequence[LeftConversation]
+    ) -> list[pb.LeftConversation]:
+        """The departures of ``entries`` whose conversation exists and does not
+        have ``user`` as a member now, with their lanes (one per conversation)."""
+        limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
+        latest = {e.conversation: e for e in entries}  # by time: the last one wins
+
+        async def look(entry: LeftConversation) -> MembershipInfo | None:
+            async with limit:
+                admission = await self._store.admission(tenant, entry.conversation, user)
+                if admission is None or admission.member:
+                    return None  # gone, or a member again: ListConversations has it
+                return await self._store.membership_info(tenant, entry.conversation)
+
+        found = await asyncio.gather(*(look(e) for e in latest.values()))
+        infos = [i for i in found if i is not None]
+        lanes = await self._lanes(infos)
+        return [
+            pb.LeftConversation(
+                conversation=info.conversation,
+                lane=lane,
+                left_at_version=latest[info.conversation].version,
+                left_at_ms=latest[info.conversation].at_ms,
+            )
+            for info, lane in zip(infos, lanes, strict=True)
+        ]
+
+    async def _lanes(self, infos: Sequence[MembershipInfo]) -> list[str]:
+        """Each conversation's lane: its own when big or once given one, else the inbox."""
+        states = await self._delivery.mailbox.lane_state(
+            [Mailbox.conversation(i.tenant, i.conversation) for i in infos]
+        )
+        result = []
+        for info, state in zip(infos, states, strict=True):
+            big = info.member_count > self._threshold or state.head > 0 or state.epoch > 1
+            result.append(conversation_lane(info.conversation) if big else INBOX)
+        return result
+
     async def _summaries(
         self, tenant: str, user: str, ids: Sequence[str]
     ) -> list[pb.ConversationSummary]:
@@ -202,18 +304,12 @@ class MembershipServicer(membership_pb2_grpc.ConversationMembershipServiceServic
                 return await self._store.membership_info(tenant, conversation)
 
         infos = [i for i in await asyncio.gather(*(look(c) for c in ids)) if i is not None]
-        states = await self._delivery.mailbox.lane_state(
-            [Mailbox.conversation(tenant, i.conversation) for i in infos]
-        )
-        result = []
-        for info, state in zip(infos, states, strict=True):
-            big = info.member_count > self._threshold or state.head > 0 or state.epoch > 1
-            result.append(
-                pb.ConversationSummary(
-                    conversation=info.conversation,
-                    version=info.version,
-                    member_count=info.member_count,
-                    lane=conversation_lane(info.conversation) if big else INBOX,
-                )
+        return [
+            pb.ConversationSummary(
+                conversation=info.conversation,
+                version=info.version,
+                member_count=info.member_count,
+                lane=lane,
             )
-        return result
+            for info, lane in zip(infos, await self._lanes(infos), strict=True)
+        ]

@@ -275,6 +275,43 @@ class ConversationIndex(abc.ABC):
         """Indexed conversations of ``user`` sorted after ``after``, at most
         ``limit``, and where to continue ("" at the end)."""
 
+    @abc.abstractmethod
+    async def record_left(
+        self, tenant: str, conversation: str, users: Sequence[str], version: int, at_ms: int
+    ) -> None:
+        """Remember that ``users`` left ``conversation`` at membership ``version``
+        and server time ``at_ms`` (idempotent; a later departure replaces or
+        joins an earlier one)."""
+
+    @abc.abstractmethod
+    async def left(
+        self, tenant: str, user: str, after: LeftMark, limit: int
+    ) -> tuple[tuple[LeftConversation, ...], LeftMark | None]:
+        """Departures of ``user`` ordered by (time, conversation) strictly after
+        ``after``, at most ``limit``, and where to continue (None at the end).
+        Never authoritative alone: the reader confirms the user is not a member now."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LeftMark:
+    """A position in a user's departures: (left at ms, conversation)."""
+
+    at_ms: int
+    conversation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeftConversation:
+    """A conversation a user left: when, and the membership version that removal made."""
+
+    conversation: str
+    version: int
+    at_ms: int
+
+    @property
+    def mark(self) -> LeftMark:
+        return LeftMark(self.at_ms, self.conversation)
+
 
 class HistoryRecords(abc.ABC):
     """Committed records by seq, for the relay (no reader to authorise)."""
@@ -312,6 +349,8 @@ __all__ = [
     "DeliveryPorts",
     "DeliverySettings",
     "HistoryRecords",
+    "LeftConversation",
+    "LeftMark",
     "MailboxSettings",
     "MailboxStore",
     "OutboxPartitions",

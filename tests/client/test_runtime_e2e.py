@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from client import (
 )
 from client.faults import ClientCrash, ClientPoint
 from tests.client.deployments import Deployment, MemoryDeployment, ProcessDeployment, create
-from tests.client.support import Client, admin, eventually, history
+from tests.client.support import FAST, Client, admin, eventually, history
 from tests.servers.redis_server import initialise_prefix
 from tests.support import unique
 
@@ -312,4 +313,79 @@ async def test_a_device_back_after_a_new_epoch_gets_what_was_committed_while_a_m
         assert on_a == on_b == server
     finally:
         for c in (alice, bob_a, bob_b):
+            await c.crash()
+
+
+async def test_a_device_that_held_nothing_of_a_conversation_left_gets_it_on_rebuild(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Device bob/c syncs once (before anything is sent to ``general``) and goes
+    offline; messages are committed to ``general`` while bob is a member; bob is
+    removed and his inbox starts a new epoch; bob/c comes back (CursorExpired ->
+    REBUILD). It held nothing of ``general``, and ``general`` is no longer listed,
+    yet it must end holding what History shows bob there (the sibling bob/b, online
+    throughout, holds the same)."""
+    t = deployment.tenant
+    target = lambda: deployment.target  # noqa: E731
+    alice = Client("alice", tmp_path / "alice.db", target, tenant=t)
+    bob_b = Client("bob", tmp_path / "bob-b.db", target, tenant=t, device="b")
+    bob_c = Client("bob", tmp_path / "bob-c.db", target, tenant=t, device="c")
+    try:
+        for c in (alice, bob_b, bob_c):
+            await c.start()
+        await bob_c.online()
+        await bob_c.crash()  # synced once, holds nothing of general
+        for i in range(3):
+            await alice.send("general", f"while bob/c is away {i}")
+        await eventually(lambda: count(bob_b, 3), 30)
+        async with await admin(deployment.target) as admin_client:
+            await admin_client.remove_members(t, "general", ["bob"])
+        await alice.send("general", "while bob is out")
+        await eventually(lambda: no_pending(alice), 30)
+        await deployment.new_epoch("bob")
+
+        await bob_c.start()
+        await eventually(lambda: _rebuilt(bob_c), 30)
+        server = await history(deployment.target, "general", "bob", t)
+        assert len(server) == 3  # the one sent while bob was out is hidden
+        on_c = [m.record for m in await bob_c.rt.store.messages("general", limit=100)]
+        on_b = [m.record for m in await bob_b.rt.store.messages("general", limit=100)]
+        assert on_b == server
+        assert on_c == server, "the device that held nothing of general lost it for good"
+    finally:
+        for c in (alice, bob_b, bob_c):
+            await c.crash()
+
+
+@pytest.mark.parametrize(("margin_s", "backfilled"), [(0.0, False), (86_400.0, True)])
+async def test_a_rebuild_asks_only_for_departures_after_what_the_device_read(
+    deployment: Deployment, tmp_path: Path, margin_s: float, backfilled: bool
+) -> None:
+    """bob leaves ``quiet`` (nothing was ever sent there), then bob/c reads a
+    message of ``side`` from its inbox, goes away, and the inbox starts a new
+    epoch. The departure is older than the newest message bob/c read: with no
+    margin the rebuild does not target ``quiet`` (nothing of it can have been
+    in the lane past what bob/c read); with the default margin it does."""
+    t = deployment.tenant
+    target = lambda: deployment.target  # noqa: E731
+    await create(deployment, "quiet", ["alice", "bob"])
+    config = replace(FAST, rebuild_left_margin_s=margin_s)
+    alice = Client("alice", tmp_path / "alice.db", target, tenant=t)
+    bob_c = Client("bob", tmp_path / "bob-c.db", target, tenant=t, device="c", config=config)
+    try:
+        async with await admin(deployment.target) as admin_client:
+            await admin_client.remove_members(t, "quiet", ["bob"])
+        for c in (alice, bob_c):
+            await c.start()
+        await alice.send("side", "read after bob left quiet")
+        await eventually(lambda: count(bob_c, 1, "side"), 30)
+        await bob_c.crash()
+        await deployment.new_epoch("bob")
+        await bob_c.start()
+        await eventually(lambda: _rebuilt(bob_c), 30)
+        [started] = [e for e in bob_c.events if isinstance(e, RebuildStarted)]
+        assert "side" in started.plan.conversations
+        assert ("quiet" in started.plan.conversations) is backfilled
+    finally:
+        for c in (alice, bob_c):
             await c.crash()

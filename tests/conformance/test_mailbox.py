@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.delivery import AppendRequest, DeliveryPorts, DeliverySettings, MailboxSettings
+from service.domain.delivery import (
+    AppendRequest,
+    DeliveryPorts,
+    DeliverySettings,
+    LeftConversation,
+    LeftMark,
+    MailboxSettings,
+)
 from service.domain.errors import CursorExpired
 from service.domain.lane_marks import LaneMark
 from service.domain.mailbox import LaneState, Mailbox, MailboxCursor, MailboxItem
@@ -294,6 +301,38 @@ async def test_the_conversation_index_lists_in_pages_and_forgets_removed(harness
     assert (rest, end) == (("c3",), "")
     assert (await d.index.conversations(tenant, "bob", "", 10))[0] == ("a:b", "c1", "c2", "c3")
     assert (await d.index.conversations(unique("t"), "alice", "", 10)) == ((), "")
+
+
+async def test_departures_list_by_time_in_pages_with_the_latest_of_each(
+    harness: Harness,
+) -> None:
+    """The departures behind ListLeftConversations: ordered by (time, conversation),
+    strictly after the mark, paged; a conversation left again is listed at its
+    latest departure (Scylla keeps both rows; the servicer keeps the latest)."""
+    d = ports(await harness.open())
+    tenant = unique("t")
+    await d.index.record_left(tenant, "c2", ["alice", "bob"], 3, 1_000)
+    await d.index.record_left(tenant, "c1", ["alice"], 2, 1_000)  # a tie in time
+    await d.index.record_left(tenant, "c0", ["alice"], 5, 2_000)
+    await d.index.record_left(tenant, "c2", ["alice"], 3, 1_000)  # idempotent
+    first, mark = await d.index.left(tenant, "alice", LeftMark(0), 2)
+    assert first == (LeftConversation("c1", 2, 1_000), LeftConversation("c2", 3, 1_000))
+    assert mark == LeftMark(1_000, "c2")
+    rest, end = await d.index.left(tenant, "alice", mark, 2)
+    assert (rest, end) == ((LeftConversation("c0", 5, 2_000),), None)
+    tie, more = await d.index.left(tenant, "alice", LeftMark(1_000, "c1"), 1)
+    assert tie == (LeftConversation("c2", 3, 1_000),) and more == LeftMark(1_000, "c2")
+    assert (await d.index.left(tenant, "alice", LeftMark(1_001), 10))[0] == (
+        LeftConversation("c0", 5, 2_000),
+    )
+    assert (await d.index.left(tenant, "bob", LeftMark(0), 10)) == (
+        (LeftConversation("c2", 3, 1_000),),
+        None,
+    )
+    assert (await d.index.left(unique("t"), "alice", LeftMark(0), 10)) == ((), None)
+    await d.index.record_left(tenant, "c1", ["alice"], 7, 3_000)  # left again, later
+    again, _ = await d.index.left(tenant, "alice", LeftMark(2_000, "c0"), 10)
+    assert again == (LeftConversation("c1", 7, 3_000),)
 
 
 async def test_a_redelivery_after_a_count_trim_is_still_deduped(harness: Harness) -> None:

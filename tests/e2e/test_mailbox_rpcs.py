@@ -129,6 +129,38 @@ async def test_list_conversations_pages_and_never_shows_a_stale_entry(running: R
         await client.list_conversations("t1", "alice", page_token="not-ours")
 
 
+async def test_list_left_conversations_pages_departures_and_skips_members_again(
+    running: Running,
+) -> None:
+    client = running.client
+    for n in range(3):
+        await client.create_conversation("t1", f"c{n}", ["alice", "bob"])
+        await client.remove_members("t1", f"c{n}", ["alice"])
+    await client.add_members("t1", "c1", ["alice"])  # a member again: ListConversations has it
+    first, token = await client.list_left_conversations("t1", "alice", page_size=2)
+    assert [c.conversation for c in first] == ["c0"] and token  # c1 confirmed away
+    assert (first[0].lane, first[0].left_at_version) == ("inbox", 2)
+    second, end = await client.list_left_conversations("t1", "alice", page_size=2, page_token=token)
+    assert [c.conversation for c in second] == ["c2"] and end == ""
+    assert first[0].left_at_ms <= second[0].left_at_ms
+    later, _ = await client.list_left_conversations(
+        "t1", "alice", left_after_ms=second[0].left_at_ms + 1
+    )
+    assert later == []
+    assert (await client.list_left_conversations("t1", "bob"))[0] == []
+    _, other_listing = await client.list_conversations("t1", "bob", page_size=1)
+    for bad in (
+        {"page_token": "not-ours"},
+        {"page_token": other_listing},
+        {"page_size": 1001},
+        {"left_after_ms": 2**63},
+    ):
+        with pytest.raises(InvalidRequest):
+            await client.list_left_conversations("t1", "alice", **bad)
+    with pytest.raises(InvalidRequest):
+        await client.list_left_conversations("t1", "bad user")
+
+
 async def test_subscribe_sends_hints_and_heartbeats_and_never_entries(running: Running) -> None:
     client = running.client
     await client.create_conversation("t1", "c1", ["alice", "bob"])

@@ -392,3 +392,109 @@ class ListConversationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListConversationsResponse: _TypeAlias = ListConversationsResponse  # noqa: Y015
+
+@_typing.final
+class ListLeftConversationsRequest(_message.Message):
+    """Request of ListLeftConversations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    LEFT_AFTER_MS_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant of the user."""
+    user: _builtins.str
+    """The user whose departures to list; the gateway has authenticated them."""
+    left_after_ms: _builtins.int
+    """Only departures at or after this server time (ms since the epoch); 0
+    means every departure History still has something of.
+    """
+    page_size: _builtins.int
+    """The most conversations to return, 1 to 1000; 0 means 100."""
+    page_token: _builtins.str
+    """Empty for the first page, else the next_page_token of the previous page
+    (opaque).
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        user: _builtins.str = ...,
+        left_after_ms: _builtins.int = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left_after_ms", b"left_after_ms", "page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLeftConversationsRequest: _TypeAlias = ListLeftConversationsRequest  # noqa: Y015
+
+@_typing.final
+class LeftConversation(_message.Message):
+    """A conversation a user left."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    LANE_FIELD_NUMBER: _builtins.int
+    LEFT_AT_VERSION_FIELD_NUMBER: _builtins.int
+    LEFT_AT_MS_FIELD_NUMBER: _builtins.int
+    conversation: _builtins.str
+    """The conversation."""
+    lane: _builtins.str
+    """The mailbox lane its messages arrived in: "inbox", or
+    "conversation:<id>" for a conversation too big to fan out.
+    """
+    left_at_version: _builtins.int
+    """The membership version the removal made (the first one without the user)."""
+    left_at_ms: _builtins.int
+    """When the user left, server time in ms since the epoch."""
+    def __init__(
+        self,
+        *,
+        conversation: _builtins.str = ...,
+        lane: _builtins.str = ...,
+        left_at_version: _builtins.int = ...,
+        left_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "lane", b"lane", "left_at_ms", b"left_at_ms", "left_at_version", b"left_at_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeftConversation: _TypeAlias = LeftConversation  # noqa: Y015
+
+@_typing.final
+class ListLeftConversationsResponse(_message.Message):
+    """Response of ListLeftConversations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token for the next page; empty on the last page."""
+    @_builtins.property
+    def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeftConversation]:
+        """The departures of this page, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        conversations: _abc.Iterable[Global___LeftConversation] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLeftConversationsResponse: _TypeAlias = ListLeftConversationsResponse  # noqa: Y015

@@ -60,6 +60,11 @@ class ConversationMembershipServiceStub:
                 request_serializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.SerializeToString,
                 response_deserializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.FromString,
                 _registered_method=True)
+        self.ListLeftConversations = channel.unary_unary(
+                '/message_committer.v1.ConversationMembershipService/ListLeftConversations',
+                request_serializer=message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsRequest.SerializeToString,
+                response_deserializer=message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsResponse.FromString,
+                _registered_method=True)
 
 
 class ConversationMembershipServiceServicer:
@@ -110,6 +115,18 @@ class ConversationMembershipServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLeftConversations(self, request, context):
+        """Lists the conversations a user LEFT (or was removed from) at or after
+        left_after_ms and is not a member of now, oldest departure first, one page
+        at a time: what a rebuilding device backfills from History besides the
+        conversations it is in. Departures older than History's retention are
+        not listed (History holds nothing of them). A conversation left more than
+        once may appear more than once; read on while next_page_token is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConversationMembershipServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +154,11 @@ def add_ConversationMembershipServiceServicer_to_server(servicer, server):
                     servicer.ListConversations,
                     request_deserializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.FromString,
                     response_serializer=message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.SerializeToString,
+            ),
+            'ListLeftConversations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLeftConversations,
+                    request_deserializer=message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsRequest.FromString,
+                    response_serializer=message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,6 +297,33 @@ class ConversationMembershipService:
             '/message_committer.v1.ConversationMembershipService/ListConversations',
             message__committer_dot_v1_dot_membership__pb2.ListConversationsRequest.SerializeToString,
             message__committer_dot_v1_dot_membership__pb2.ListConversationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLeftConversations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/message_committer.v1.ConversationMembershipService/ListLeftConversations',
+            message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsRequest.SerializeToString,
+            message__committer_dot_v1_dot_membership__pb2.ListLeftConversationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,14 @@ class ConversationMembershipServiceStub:
     page may hold fewer than page_size entries; read on while
     next_page_token is set.
     """
+    ListLeftConversations: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ListLeftConversationsRequest, _membership_pb2.ListLeftConversationsResponse]
+    """Lists the conversations a user LEFT (or was removed from) at or after
+    left_after_ms and is not a member of now, oldest departure first, one page
+    at a time: what a rebuilding device backfills from History besides the
+    conversations it is in. Departures older than History's retention are
+    not listed (History holds nothing of them). A conversation left more than
+    once may appear more than once; read on while next_page_token is set.
+    """
 
 @_typing.type_check_only
 class ConversationMembershipServiceAsyncStub(ConversationMembershipServiceStub):
@@ -91,6 +99,14 @@ class ConversationMembershipServiceAsyncStub(ConversationMembershipServiceStub):
     Every entry is confirmed by a membership lookup when it is read, so a
     page may hold fewer than page_size entries; read on while
     next_page_token is set.
+    """
+    ListLeftConversations: _aio.UnaryUnaryMultiCallable[_membership_pb2.ListLeftConversationsRequest, _membership_pb2.ListLeftConversationsResponse]  # type: ignore[assignment]
+    """Lists the conversations a user LEFT (or was removed from) at or after
+    left_after_ms and is not a member of now, oldest departure first, one page
+    at a time: what a rebuilding device backfills from History besides the
+    conversations it is in. Departures older than History's retention are
+    not listed (History holds nothing of them). A conversation left more than
+    once may appear more than once; read on while next_page_token is set.
     """
 
 class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -148,6 +164,20 @@ class ConversationMembershipServiceServicer(metaclass=_abc_1.ABCMeta):
         Every entry is confirmed by a membership lookup when it is read, so a
         page may hold fewer than page_size entries; read on while
         next_page_token is set.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLeftConversations(
+        self,
+        request: _membership_pb2.ListLeftConversationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ListLeftConversationsResponse, _abc.Awaitable[_membership_pb2.ListLeftConversationsResponse]]:
+        """Lists the conversations a user LEFT (or was removed from) at or after
+        left_after_ms and is not a member of now, oldest departure first, one page
+        at a time: what a rebuilding device backfills from History besides the
+        conversations it is in. Departures older than History's retention are
+        not listed (History holds nothing of them). A conversation left more than
+        once may appear more than once; read on while next_page_token is set.
         """
 
 def add_ConversationMembershipServiceServicer_to_server(servicer: ConversationMembershipServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
