@@ -357,6 +357,9 @@ async def test_a_device_that_held_nothing_of_a_conversation_left_gets_it_on_rebu
             await c.crash()
 
 
+# The bound is the client's (RuntimeConfig.rebuild_left_margin_s); the servers' answer
+# to left_after_ms is tests/conformance/test_mailbox.py's, on every backend.
+@pytest.mark.parametrize("deployment", ["memory"], indirect=True)
 @pytest.mark.parametrize(("margin_s", "backfilled"), [(0.0, False), (86_400.0, True)])
 async def test_a_rebuild_asks_only_for_departures_after_what_the_device_read(
     deployment: Deployment, tmp_path: Path, margin_s: float, backfilled: bool
