@@ -109,35 +109,41 @@ def _version(membership: MembershipInfo) -> pb.MembershipVersion:
     )
 
 
-def _conversations_token(after: str) -> str:
-    return base64.urlsafe_b64encode(_TOKEN_TAG + after.encode()).decode().rstrip("=")
+def _token(tag: bytes, text: str) -> str:
+    """An opaque page token: ``tag`` (which listing issued it) and ``text``."""
+    return base64.urlsafe_b64encode(tag + text.encode()).decode().rstrip("=")
 
 
-def _parse_conversations_token(token: str) -> str:
+def _untoken(tag: bytes, token: str) -> str:
+    """The non-empty text of a token ``_token(tag, ...)`` made, else InvalidRequest."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        if not raw.startswith(_TOKEN_TAG) or len(raw) == len(_TOKEN_TAG):
+        if not raw.startswith(tag) or len(raw) == len(tag):
             raise ValueError
-        return raw[len(_TOKEN_TAG) :].decode()
+        return raw[len(tag) :].decode()
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest("page_token is not one this service issued") from None
 
 
+def _conversations_token(after: str) -> str:
+    return _token(_TOKEN_TAG, after)
+
+
+def _parse_conversations_token(token: str) -> str:
+    return _untoken(_TOKEN_TAG, token)
+
+
 def _left_token(mark: LeftMark) -> str:
-    raw = _LEFT_TAG + f"{mark.at_ms}:{mark.conversation}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return _token(_LEFT_TAG, f"{mark.at_ms}:{mark.conversation}")
 
 
 def _parse_left_token(token: str) -> LeftMark:
+    at, sep, conversation = _untoken(_LEFT_TAG, token).partition(":")
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        if not raw.startswith(_LEFT_TAG):
-            raise ValueError
-        at, sep, conversation = raw[len(_LEFT_TAG) :].decode().partition(":")
         if not sep or not at.isdigit() or int(at) >= MAX_MS or not conversation:
             raise ValueError
         return LeftMark(int(at), check_id("conversation", conversation))
-    except (ValueError, binascii.Error, UnicodeDecodeError, InvalidRequest):
+    except (ValueError, InvalidRequest):
         raise InvalidRequest("page_token is not one this service issued") from None
 
 
