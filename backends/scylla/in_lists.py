@@ -27,15 +27,24 @@ def chunks(values: Sequence[Any], size: int = MAX_IN) -> list[list[Any]]:
 
 
 async def read_in(
-    cql: CqlSession, name: str, prefix: tuple[Any, ...], values: Sequence[Any]
+    cql: CqlSession,
+    name: str,
+    prefix: tuple[Any, ...],
+    values: Sequence[Any],
+    *,
+    serial: bool = False,
 ) -> list[Row]:
     """The rows of statement ``name`` for ``prefix`` and each chunk of ``values``
-    (bound last, as the statement's ``IN ?``); no call for an empty list."""
+    (bound last, as the statement's ``IN ?``), at serial consistency with ``serial``;
+    no call for an empty list."""
     rows: list[Row] = []
     parts = chunks(values)
     for start in range(0, len(parts), IN_CONCURRENCY):
         replies = await asyncio.gather(
-            *(cql.read(name, (*prefix, part)) for part in parts[start : start + IN_CONCURRENCY])
+            *(
+                cql.read(name, (*prefix, part), serial=serial)
+                for part in parts[start : start + IN_CONCURRENCY]
+            )
         )
         for reply in replies:
             rows += reply

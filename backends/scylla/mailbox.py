@@ -20,9 +20,16 @@ parallel), decides (fenced? which items are new? what must retention trim?)
 with the same rules as memory (``service.domain.mailbox``), and writes
 everything in one conditional batch ``IF version = <read>``: seq allocation,
 entries, dedupe rows, the fence and the trim happen together or not at all,
-so seqs have no gaps. A batch that lost a race is decided again from a fresh
-read (bounded). A Sync reads entries with the statics in the same query, so
-the page and the watermark it is judged against are one snapshot. A read
+so seqs have no gaps. The two reads are two quorum reads, not one snapshot: while
+another append's Paxos commit is still reaching the replicas, the statics read can
+see its version and the dedupe read miss its rows, and ``IF version`` alone would
+then append its messages a second time (the e2e nemesis found a message at two
+seqs of one inbox). So each new dedupe row is written ``IF NOT EXISTS`` in the same
+batch: the batch applies only if none of its messages is there. A batch that lost
+a race is decided again (bounded) from serial reads, which see every decided
+write, so a replica that lags cannot refuse it again and again. A Sync reads
+entries with the statics in the same query, so the page and the watermark it is
+judged against are one snapshot. A read
 that finds the oldest kept group (``first_ms``) past retention first applies
 the retention an append would have (an idle lane is trimmed too), then reads
 again.
@@ -82,7 +89,7 @@ STATEMENTS = {
     + ", ".join("?" for _ in BODY_COLUMNS)
     + ")",
     "mb.id": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id, at_seq)"
-    " VALUES (?, ?, ?, 'i', 0, ?, ?)",
+    " VALUES (?, ?, ?, 'i', 0, ?, ?) IF NOT EXISTS",
     "mb.group": "INSERT INTO {ks}.mailboxes (tenant, kind, owner, row_kind, seq, message_id,"
     " appended_ms) VALUES (?, ?, ?, 'g', ?, '', ?)",
     "mb.cut_entries": f"DELETE FROM {{ks}}.mailboxes WHERE {_PK} AND row_kind = 'e' AND seq <= ?",
@@ -160,9 +167,11 @@ class ScyllaMailboxStore(MailboxStore):
     async def _append(self, request: AppendRequest, fence: Fence) -> AppendOutcome:
         key = _key(request.mailbox)
         ids = [i.message_id for i in request.items]
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
+            serial = attempt > 0  # after a refused batch: what is decided, not what a quorum has
             statics, present = await asyncio.gather(
-                self._cql.read("mb.statics", key), read_in(self._cql, "mb.ids", key, ids)
+                self._cql.read("mb.statics", key, serial=serial),
+                read_in(self._cql, "mb.ids", key, ids, serial=serial),
             )
             state, version, fences, first_ms = _state(statics[0] if statics else None)
             if fences.get(fence.partition, 0) > fence.token:
