@@ -43,6 +43,8 @@ REDIS_WARN_S = 1.0
 START_RETRY_S = 60.0
 """A replica that cannot start (its storage down in an overlapping fault) is tried again
 for this long."""
+RESTART_READY_S = 45.0
+"""How long a restarted replica may take to answer its health check SERVING."""
 _REDIS_SKEW = re.compile(r"this replica's clock is ([+-][0-9.]+)s off the backend's")
 _SCYLLA_REFUSAL = re.compile(r"this replica's clock is [0-9.]+s (?:behind|ahead of) the cluster")
 KINDS = ("kill-replica", "pause-replica", "clock-offset")
@@ -154,13 +156,16 @@ class ReplicaFaults:
         return proof.judge_clock(wanted, probed, reported, expected)
 
     async def prove_end(self, kind: str, target: int) -> Proof | None:
-        """After a kill: the restarted replica answers its health check."""
+        """After a kill: the restarted replica answers its health check SERVING within
+        ``RESTART_READY_S`` (it opens its backend first: on the CQL cluster a driver
+        session, its statements and the clock-skew samples, slow on a loaded box)."""
         if kind != "kill-replica":
             return None
         replica = self.replicas[target]
         state = "not answering"
+        deadline = time.monotonic() + RESTART_READY_S
         async with CommitClient.connect(replica.target, retry=NO_RETRY) as client:
-            for _ in range(20):
+            while time.monotonic() < deadline:
                 try:
                     state = await client.health()
                 except Exception as exc:
