@@ -50,9 +50,13 @@ class Replication:
                 " for acknowledged in time"
             )
 
-    async def confirm(self, tenant: str, conversation: str) -> None:
-        """A barrier on the conversation's shard: replicas hold what was read there."""
-        if self.replicas:
+    async def confirm(self, tenant: str, conversation: str, acked: int | None = None) -> None:
+        """A barrier on the conversation's shard: replicas hold what was read there.
+        ``acked``: the count of the barrier that already went with the script that
+        answered (``write``), only checked."""
+        if acked is not None:
+            self.check(acked)
+        elif self.replicas:
             shard = self.keys.conversation(tenant, conversation).shard
             self.check(await self.link.replication_barrier(shard.barrier, self.replicas,
                                                            self.wait_ms))  # fmt: skip
@@ -70,3 +74,18 @@ class Replication:
         )
         self.check(acked)
         return reply
+
+    async def write(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], barrier: str
+    ) -> tuple[Any, int | None]:
+        """A writing script whose answer may rest on stored state (reserve): with
+        ``replicas > 0`` the script, an INCR of ``barrier`` (a key of its shard) and
+        WAIT in one pipeline on one connection, errors translated as a write's
+        (outcome unknown). Returns the reply and the replicas that acknowledged
+        (None without replicas: the script alone), which the caller checks
+        (``confirm(..., acked)``) only for an answer that rests on stored state."""
+        if not self.replicas:
+            return await self.link.script(script, keys, args), None
+        return await self.link.script_and_wait(
+            script, keys, args, self.replicas, self.wait_ms, barrier=barrier, write=True
+        )
