@@ -8,12 +8,21 @@ survive the failover, so with ``replicas > 0``:
 * a **committed result** (fresh, replayed or re-read) waits: the commit's own WAIT,
   or a barrier (a one-key write + WAIT on one connection; when replicas hold it,
   they hold everything before it);
-* a **definite refusal** that rests on stored state waits too: an idempotency
-  conflict, "no such conversation" and "not a member". Otherwise a send whose first
-  attempt reserved on the new primary (the replica acknowledgement timed out) could
-  be refused by the old one on its retry, and then be committed by recovery: the
-  sender was told "refused" for a message that exists (the nemesis found exactly
-  this, ``refused-took-effect``);
+* a **replay** is answered by the reserve script, and ``write`` sends that script,
+  the barrier and WAIT in one pipeline on one connection: one round trip, and the
+  replicas that acknowledge are those of the server that answered (a barrier sent
+  as a second call could reach the new primary after a failover, while a resumed
+  stale primary answered "committed" for a commit the failover lost). A fresh
+  reservation carries the same barrier but its count is not checked: it rests on
+  nothing stored before it, and the commit's own WAIT decides the ACK. A re-read
+  outside reserve (``load_commit``, recovery) sends its barrier as a call of its
+  own (``confirm``);
+* a **definite refusal** that rests on stored state waits too (with reserve's
+  barrier, or its own): an idempotency conflict, "no such conversation" and "not
+  a member". Otherwise a send whose first attempt reserved on the new primary (the
+  replica acknowledgement timed out) could be refused by the old one on its retry,
+  and then be committed by recovery: the sender was told "refused" for a message
+  that exists (the nemesis found exactly this, ``refused-took-effect``);
 * a **History page** waits: the page's script, a barrier and WAIT go in one
   pipeline on one connection, so the replicas that acknowledge hold what the page
   shows *on the server that answered it*. A page served by a resumed primary
