@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from backends.redis.link import CALL
 from service.domain.errors import Recoverable
 from tests.servers.redis_server import open_initialised
 from tests.servers.redis_topologies import RedisClusterTopology, RedisNode, SentinelTopology
@@ -93,6 +94,11 @@ async def test_on_a_cluster_an_ack_waits_for_the_slots_replica_and_survives_its_
         await conversation(backend, tenant)
         c = committer(backend)
         kept = await c.commit_send(send(tenant))  # script + WAIT on the slot owner's connection
+        before = backend.requests[CALL]
+        assert await c.commit_send(send(tenant, cmid=kept.cmid)) == kept
+        # admission, the pointer's claim (its own slot), then reserve + barrier + WAIT
+        # in one pipeline on the slot owner's connection (the barrier was a 4th call)
+        assert backend.requests[CALL] - before == 3
         keys = backend.store._keys  # type: ignore[attr-defined]
         commit_key = keys.conversation(tenant, "c1").commit("alice", kept.cmid)
         owner, replica = _owner_and_replica(redis_cluster, commit_key)
