@@ -53,6 +53,25 @@ def test_sentinel_fails_over_and_keeps_what_the_replica_acknowledged(
             assert (c.get("kept"), c.get("lost")) == ("1", None), node.port
 
 
+async def test_behind_sentinel_a_replay_with_wait_is_one_round_trip(
+    redis_sentinel: SentinelTopology,
+) -> None:
+    """The reserve that finds the key committed, the shard's barrier and WAIT go in
+    one pipeline on the connection to the master Sentinel names (main: 2 calls)."""
+    redis_sentinel.wait_replicated()
+    backend = await open_initialised(redis_sentinel.url, wait_replicas=1, wait_timeout_ms=2000)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))
+        before = backend.requests[CALL]
+        assert await c.commit_send(send(tenant, cmid=kept.cmid)) == kept
+        assert backend.requests[CALL] - before == 1
+    finally:
+        await backend.close()
+
+
 def test_redis_cluster_serves_one_slot_per_hash_tag_and_fails_over(
     redis_cluster: RedisClusterTopology,
 ) -> None:
