@@ -395,13 +395,16 @@ class RedisLink:
         wait_ms: int,
         *,
         barrier: str | None = None,
+        write: bool | None = None,
     ) -> tuple[Any, int]:
         """EVALSHA then WAIT on the same connection, in one round trip: the reply and
         how many replicas acknowledged the script's writes (and everything before
         them in the replication stream). With ``barrier`` (a key of the script's
-        shard) an INCR of it goes between them, for a script that reads: replicas
-        that acknowledge it hold everything the script read, on the server that
-        answered it. Errors of a reading script are translated as reads."""
+        shard) an INCR of it goes between them, for a script whose answer may rest
+        on what it read: replicas that acknowledge it hold everything the script
+        read, on the server that answered it. Errors are translated as a write's
+        (outcome unknown) unless ``write`` is False; ``write`` None: a write
+        without ``barrier``, a read with it (History)."""
         commands: list[Sequence[Arg]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
         if barrier is not None:
             commands.append(("INCR", barrier))
@@ -417,7 +420,7 @@ class RedisLink:
                 await self.load_scripts([script])
                 continue
             except rx.RedisError as exc:
-                raise translate(exc, write=barrier is None) from None
+                raise translate(exc, write=barrier is None if write is None else write) from None
             reply, acked = replies[0], replies[-1]
             if isinstance(reply, list) and reply and reply[0] == b"wiped":
                 raise StoreWiped("redis: this shard does not hold the deployment's data")

@@ -8,12 +8,21 @@ survive the failover, so with ``replicas > 0``:
 * a **committed result** (fresh, replayed or re-read) waits: the commit's own WAIT,
   or a barrier (a one-key write + WAIT on one connection; when replicas hold it,
   they hold everything before it);
-* a **definite refusal** that rests on stored state waits too: an idempotency
-  conflict, "no such conversation" and "not a member". Otherwise a send whose first
-  attempt reserved on the new primary (the replica acknowledgement timed out) could
-  be refused by the old one on its retry, and then be committed by recovery: the
-  sender was told "refused" for a message that exists (the nemesis found exactly
-  this, ``refused-took-effect``);
+* a **replay** is answered by the reserve script, and ``write`` sends that script,
+  the barrier and WAIT in one pipeline on one connection: one round trip, and the
+  replicas that acknowledge are those of the server that answered (a barrier sent
+  as a second call could reach the new primary after a failover, while a resumed
+  stale primary answered "committed" for a commit the failover lost). A fresh
+  reservation carries the same barrier but its count is not checked: it rests on
+  nothing stored before it, and the commit's own WAIT decides the ACK. A re-read
+  outside reserve (``load_commit``, recovery) sends its barrier as a call of its
+  own (``confirm``);
+* a **definite refusal** that rests on stored state waits too (with reserve's
+  barrier, or its own): an idempotency conflict, "no such conversation" and "not
+  a member". Otherwise a send whose first attempt reserved on the new primary (the
+  replica acknowledgement timed out) could be refused by the old one on its retry,
+  and then be committed by recovery: the sender was told "refused" for a message
+  that exists (the nemesis found exactly this, ``refused-took-effect``);
 * a **History page** waits: the page's script, a barrier and WAIT go in one
   pipeline on one connection, so the replicas that acknowledge hold what the page
   shows *on the server that answered it*. A page served by a resumed primary
@@ -50,9 +59,13 @@ class Replication:
                 " for acknowledged in time"
             )
 
-    async def confirm(self, tenant: str, conversation: str) -> None:
-        """A barrier on the conversation's shard: replicas hold what was read there."""
-        if self.replicas:
+    async def confirm(self, tenant: str, conversation: str, acked: int | None = None) -> None:
+        """A barrier on the conversation's shard: replicas hold what was read there.
+        ``acked``: the count of the barrier that already went with the script that
+        answered (``write``), only checked."""
+        if acked is not None:
+            self.check(acked)
+        elif self.replicas:
             shard = self.keys.conversation(tenant, conversation).shard
             self.check(await self.link.replication_barrier(shard.barrier, self.replicas,
                                                            self.wait_ms))  # fmt: skip
@@ -70,3 +83,18 @@ class Replication:
         )
         self.check(acked)
         return reply
+
+    async def write(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], barrier: str
+    ) -> tuple[Any, int | None]:
+        """A writing script whose answer may rest on stored state (reserve): with
+        ``replicas > 0`` the script, an INCR of ``barrier`` (a key of its shard) and
+        WAIT in one pipeline on one connection, errors translated as a write's
+        (outcome unknown). Returns the reply and the replicas that acknowledged
+        (None without replicas: the script alone), which the caller checks
+        (``confirm(..., acked)``) only for an answer that rests on stored state."""
+        if not self.replicas:
+            return await self.link.script(script, keys, args), None
+        return await self.link.script_and_wait(
+            script, keys, args, self.replicas, self.wait_ms, barrier=barrier, write=True
+        )

@@ -95,14 +95,17 @@ class RedisMessageStore(MessageStore):
 
     # --- answers that wait for replicas (replication.py) -----------------------
 
-    async def _replicated(self, loaded: LoadedCommit | None, tenant: str, conv: str) -> None:
-        """Before a committed result or a conflict is answered, replicas hold it."""
+    async def _replicated(
+        self, loaded: LoadedCommit | None, tenant: str, conv: str, acked: int | None = None
+    ) -> None:
+        """Before a committed result or a conflict is answered, replicas hold it
+        (``acked``: the count of the barrier sent with the reserve that answered)."""
         if isinstance(loaded, Committed | Conflict):
-            await self._replication.confirm(tenant, conv)
+            await self._replication.confirm(tenant, conv, acked)
 
-    async def _conflict(self, key: CommitKey, conv: str) -> Conflict:
+    async def _conflict(self, key: CommitKey, conv: str, acked: int | None = None) -> Conflict:
         conflict = Conflict(key)
-        await self._replicated(conflict, key.tenant, conv)
+        await self._replicated(conflict, key.tenant, conv, acked)
         return conflict
 
     # --- reserve and load --------------------------------------------------
@@ -149,15 +152,19 @@ class RedisMessageStore(MessageStore):
         try:
             if not await self._calls.claim(key, conv):
                 return await self._conflict(key, conv)
-            word, rest = await self._calls.run(
+            # With replicas: reserve, the shard's barrier and WAIT in one round trip
+            # on one connection (replication.py), so an answer that rests on stored
+            # state waits for replicas of the server that gave it.
+            reply, acked = await self._replication.write(
                 RESERVE,
                 [shard.identity, ck.meta, ck.commit(key.sender, key.cmid), ck.pinned,
                  shard.queue, shard.created, shard.attempts, ck.intervals,
                  *self._calls.pointer_keys(key)],
-                [conv, identity, codec.encode_record(record), candidate.message_id,
-                 candidate.server_ts_ms, frozen,
+                [*self._calls.head(), conv, identity, codec.encode_record(record),
+                 candidate.message_id, candidate.server_ts_ms, frozen,
                  self._keys.queue_member(key.tenant, conv, key.sender, key.cmid),
                  request.sender if admit else ""],
+                shard.barrier,
             )  # fmt: skip
         except WriteRefused:
             # Out of memory or a read-only replica: a retry of a known key can
@@ -171,7 +178,10 @@ class RedisMessageStore(MessageStore):
                 if admission is None or not admission.member:
                     return admission
             raise
+        word, rest = status(reply)
         if word == b"reserved" and len(rest) == 3:
+            # A fresh reservation rests on nothing stored before it: ``acked`` is
+            # not checked, the commit pipeline's own WAIT decides the ACK.
             intent = CommitIntent(
                 key=key,
                 identity=identity,
@@ -182,24 +192,24 @@ class RedisMessageStore(MessageStore):
             )
             return Reserved(intent)
         if word == b"notmember" and admit and len(rest) == 1:
-            await self._replication.confirm(key.tenant, conv)  # a refusal waits too
+            await self._replication.confirm(key.tenant, conv, acked)  # a refusal waits too
             return Admission(codec.to_int(rest[0]), False)
         if word == b"noconv" and admit:
-            await self._replication.confirm(key.tenant, conv)
+            await self._replication.confirm(key.tenant, conv, acked)
             return None
         if word == b"exists":
             fields = codec.pairs(rest[0] if rest else [])
             if _abandoned(fields):
                 return Abandoned(key)
             if not request.matches_identity(fields.get(b"id", b"")):
-                return await self._conflict(key, conv)
+                return await self._conflict(key, conv, acked)
             loaded = _interpret(fields, key, conv)
-            await self._replicated(loaded, key.tenant, conv)
+            await self._replicated(loaded, key.tenant, conv, acked)
             return loaded
         if word == b"other":
-            return await self._conflict(key, conv)
+            return await self._conflict(key, conv, acked)
         if word == b"noconv":
-            await self._replication.confirm(key.tenant, conv)
+            await self._replication.confirm(key.tenant, conv, acked)
             raise StoreNotFound("conversation not found")
         raise StoreCorrupt("redis gave an unexpected reply")
 

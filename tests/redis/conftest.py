@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 
 from tests.servers.redis_server import RedisHarness
 
@@ -30,6 +31,26 @@ async def raw(redis_url: str) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+class Wire:
+    """Counts the packed writes to any Redis socket of this process."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+
+@pytest.fixture
+def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
+    counted = Wire()
+    original = AbstractConnection.send_packed_command
+
+    async def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        counted.writes += 1
+        await original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    yield counted
 
 
 async def snapshot(client: Redis, prefix: str) -> dict[bytes, Any]:

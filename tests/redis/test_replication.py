@@ -15,20 +15,28 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from redis import Redis
+from redis import exceptions as rx
+from redis.asyncio.connection import AbstractConnection
 
+from backends.redis.commits import RESERVE
+from backends.redis.link import CALL, Arg
+from backends.redis.store import RedisMessageStore
 from service.domain.errors import (
     ConversationNotFound,
     IdempotencyConflict,
     NotAMember,
     Recoverable,
     StoreNotReplicated,
+    StoreOutcomeUnknown,
 )
-from service.domain.model import HistoryQuery
+from service.domain.model import Admission, HistoryQuery, ReserveCandidate, Reserved
 from service.domain.ports import Backend
+from tests.redis.conftest import Wire
 from tests.servers.redis_server import RedisServer, open_initialised
 from tests.support import committer, conversation, send, text, unique
 
@@ -249,4 +257,131 @@ async def test_with_wait_history_shows_only_what_replicas_hold(
         page = await backend.store.history_page(query)
         assert kept.seq in [r.seq for r in page.records]  # replicated: answered again
     finally:
+        await backend.close()
+
+
+def _store(backend: Backend) -> RedisMessageStore:
+    assert isinstance(backend.store, RedisMessageStore)
+    return backend.store
+
+
+async def test_with_wait_a_replay_or_a_refusal_is_one_round_trip(
+    own_redis_server: RedisServer, replica: RedisServer, wire: Wire
+) -> None:
+    """Issue 27 with replicas: the reserve that finds the key committed (or refuses
+    it), the barrier and WAIT go in one pipeline, so a replay costs what it costs
+    without WAIT, and so does a refusal that rests on stored state."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        request = send(tenant)
+        ack = await c.commit_send(request)
+        costs = []
+        writes, calls = wire.writes, backend.requests[CALL]
+        assert await c.commit_send(request) == ack
+        costs.append((wire.writes - writes, backend.requests[CALL] - calls))
+        refusals: list[tuple[Any, type[Exception]]] = [
+            (send(tenant, cmid=ack.cmid, content=text("something else")), IdempotencyConflict),
+            (send(tenant, conversation="nowhere"), ConversationNotFound),
+        ]
+        for refused, error in refusals:
+            writes, calls = wire.writes, backend.requests[CALL]
+            with pytest.raises(error):
+                await c.commit_send(refused)
+            costs.append((wire.writes - writes, backend.requests[CALL] - calls))
+        # Not a member: the store's answer (the committer then re-reads the key,
+        # off the hot path: a refused send may be a retry of an admitted one)
+        writes, calls = wire.writes, backend.requests[CALL]
+        outsider = send(tenant, sender="mallory")
+        refused = await _store(backend).reserve_admitted(outsider, None, ReserveCandidate("m", 7))
+        assert refused == Admission(1, False)
+        costs.append((wire.writes - writes, backend.requests[CALL] - calls))
+        expected = [(1, 1)] * 4
+        assert costs == expected, f"(socket writes, calls): replay, 3 refusals: {costs}"
+    finally:
+        await backend.close()
+
+
+async def test_with_wait_the_barrier_is_on_the_connection_that_answered(
+    own_redis_server: RedisServer, replica: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replicas that acknowledge must hold what the server that answered the
+    reserve holds: its barrier and WAIT go in the same pipeline, on the same
+    connection, not in a second call the pool may send to another server (after a
+    failover, a stale primary may answer "committed" for a commit the new one lost)."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    link = _store(backend).replication.link
+    barrier = _store(backend).replication.keys.conversation(tenant, "c1").shard.barrier
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        request = send(tenant)
+        ack = await c.commit_send(request)
+        sent: list[tuple[str, list[tuple[Arg, ...]]]] = []
+        same_connection, execute = link._same_connection, link._execute
+
+        async def on_one_connection(key: str, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+            sent.append(("one connection", [tuple(command[:2]) for command in commands]))
+            return await same_connection(key, commands)
+
+        async def alone(*args: Arg) -> Any:
+            sent.append(("alone", [tuple(args[:2])]))
+            return await execute(*args)
+
+        monkeypatch.setattr(link, "_same_connection", on_one_connection)
+        monkeypatch.setattr(link, "_execute", alone)
+        assert await c.commit_send(request) == ack
+        with pytest.raises(IdempotencyConflict):
+            await c.commit_send(send(tenant, cmid=ack.cmid, content=text("something else")))
+        pipeline = [("EVALSHA", RESERVE.sha), ("INCR", barrier), ("WAIT", 1)]
+        assert sent == [("one connection", pipeline)] * 2
+    finally:
+        await backend.close()
+
+
+async def test_with_wait_a_fresh_reserve_leaves_the_ack_to_the_commit(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """A fresh reservation rests on nothing stored before it: its WAIT count is not
+    checked (the commit pipeline's own WAIT decides the ACK), so a slow replica does
+    not refuse a reserve that the commit may still get acknowledged."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        _pause(replica)
+        try:
+            reserved = await _store(backend).reserve_admitted(
+                send(tenant), None, ReserveCandidate("m-fresh", 7)
+            )
+        finally:
+            _resume(replica)
+        assert isinstance(reserved, Reserved)
+    finally:
+        await backend.close()
+
+
+async def test_with_wait_a_reserve_whose_reply_is_lost_is_an_unknown_outcome(
+    own_redis_server: RedisServer, replica: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reserve pipeline writes (it may reserve): a connection lost under it is
+    an unknown outcome, never "unavailable" (which says nothing was written)."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+
+        async def lost(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+            raise rx.ConnectionError("the connection dropped")
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", lost)
+        with pytest.raises(StoreOutcomeUnknown):
+            await _store(backend).reserve_admitted(
+                send(tenant), None, ReserveCandidate("m-lost", 7)
+            )
+    finally:
+        monkeypatch.undo()
         await backend.close()

@@ -10,12 +10,10 @@ its replies before the caller goes on. The link's own counter
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
 
 from backends.redis.commits import COMMIT, OUTBOX_APPEND
 from backends.redis.link import CALL
@@ -35,31 +33,11 @@ from service.domain.model import (
 )
 from service.domain.ports import Backend, MessageStore
 from service.metrics import ServiceMetrics, instrument
-from tests.redis.conftest import snapshot
+from tests.redis.conftest import Wire, snapshot
 from tests.servers.redis_server import RedisHarness
 from tests.support import NO_QUOTA, committer, conversation, send, unique
 
 pytestmark = pytest.mark.redis
-
-
-class Wire:
-    """Counts the packed writes to any Redis socket of this process."""
-
-    def __init__(self) -> None:
-        self.writes = 0
-
-
-@pytest.fixture
-def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
-    counted = Wire()
-    original = AbstractConnection.send_packed_command
-
-    async def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
-        counted.writes += 1
-        await original(self, command, check_health)
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
-    yield counted
 
 
 def _store(backend: Backend, wrapped: bool) -> MessageStore:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from backends.redis.link import CALL
 from service.domain.errors import Recoverable
 from tests.servers.redis_server import open_initialised
 from tests.servers.redis_topologies import RedisClusterTopology, RedisNode, SentinelTopology
@@ -50,6 +51,25 @@ def test_sentinel_fails_over_and_keeps_what_the_replica_acknowledged(
     for node in redis_sentinel.data_nodes:
         with node.client() as c:
             assert (c.get("kept"), c.get("lost")) == ("1", None), node.port
+
+
+async def test_behind_sentinel_a_replay_with_wait_is_one_round_trip(
+    redis_sentinel: SentinelTopology,
+) -> None:
+    """The reserve that finds the key committed, the shard's barrier and WAIT go in
+    one pipeline on the connection to the master Sentinel names (main: 2 calls)."""
+    redis_sentinel.wait_replicated()
+    backend = await open_initialised(redis_sentinel.url, wait_replicas=1, wait_timeout_ms=2000)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))
+        before = backend.requests[CALL]
+        assert await c.commit_send(send(tenant, cmid=kept.cmid)) == kept
+        assert backend.requests[CALL] - before == 1
+    finally:
+        await backend.close()
 
 
 def test_redis_cluster_serves_one_slot_per_hash_tag_and_fails_over(
@@ -93,6 +113,11 @@ async def test_on_a_cluster_an_ack_waits_for_the_slots_replica_and_survives_its_
         await conversation(backend, tenant)
         c = committer(backend)
         kept = await c.commit_send(send(tenant))  # script + WAIT on the slot owner's connection
+        before = backend.requests[CALL]
+        assert await c.commit_send(send(tenant, cmid=kept.cmid)) == kept
+        # admission, the pointer's claim (its own slot), then reserve + barrier + WAIT
+        # in one pipeline on the slot owner's connection (the barrier was a 4th call)
+        assert backend.requests[CALL] - before == 3
         keys = backend.store._keys  # type: ignore[attr-defined]
         commit_key = keys.conversation(tenant, "c1").commit("alice", kept.cmid)
         owner, replica = _owner_and_replica(redis_cluster, commit_key)
