@@ -55,7 +55,7 @@ async def test_no_outbox_entry_is_acknowledged_before_its_mailbox_writes_are_rep
 ) -> None:
     clock = ManualClock()
     backend = await open_initialised(
-        own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
+        own_redis_server.url, wait_replicas=1, wait_timeout_ms=1500, test_clock=clock
     )
     tenant = unique("t")
     try:
@@ -100,7 +100,7 @@ async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq
     CURSOR_EXPIRED (one rebuild more than needed, never a reused seq)."""
     clock = ManualClock()
     backend = await open_initialised(
-        own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
+        own_redis_server.url, wait_replicas=1, wait_timeout_ms=1500, test_clock=clock
     )
     tenant = unique("t")
     bob = Mailbox.inbox(tenant, "bob")
@@ -150,7 +150,7 @@ async def test_sync_serves_no_entry_the_replicas_do_not_hold_yet(
     replicas have it, with or without another append."""
     clock = ManualClock()
     backend = await open_initialised(
-        own_redis_server.url, wait_replicas=1, wait_timeout_ms=300, test_clock=clock
+        own_redis_server.url, wait_replicas=1, wait_timeout_ms=1500, test_clock=clock
     )
     tenant = unique("t")
     bob = Mailbox.inbox(tenant, "bob")
