@@ -384,7 +384,11 @@ class ScyllaMembershipStore(MembershipStore):
         self, tenant: str, conversation: str, users: list[str], *, add: bool
     ) -> MembershipInfo:
         change = rules.added if add else rules.removed
-        statics, indexed = await self._statics_indexed(tenant, conversation)
+        # Serial, then the users' rows: a serial read finishes a change still reaching
+        # the replicas, so the plain read after it sees every version up to the one it
+        # returned (read in parallel or plain, the two were not one snapshot: a stale
+        # users' read under a fresh version lost a removal or an earlier interval).
+        statics, indexed = await self._statics_indexed(tenant, conversation, serial=True)
         pending, failures = users, 0
         deadline = time.monotonic() + CAS_BUDGET_S
         while True:
