@@ -182,7 +182,9 @@ class Nemesis:
             replica = Replica(i, [*self.topology.serve_args(), *common], env, self.work, root)
             self.replicas.append(replica)
             await asyncio.to_thread(replica.start)
-        self.replica_faults = ReplicaFaults(self.replicas, a.backend)
+        self.replica_faults = ReplicaFaults(
+            self.replicas, a.backend, storage_restart_s=self.topology.restart_s
+        )
 
     def kinds(self) -> list[FaultKind]:
         assert self.topology is not None

@@ -42,7 +42,7 @@ REDIS_WARN_S = 1.0
 """``service/backend_clock.py`` warns of an offset over this (WARN_OFFSET_MS)."""
 START_RETRY_S = 60.0
 """A replica that cannot start (its storage down in an overlapping fault) is tried again
-for this long."""
+for at least this long (and for as long as a storage node's restart may take)."""
 RESTART_READY_S = 45.0
 """How long a restarted replica may take to answer its health check SERVING."""
 _REDIS_SKEW = re.compile(r"this replica's clock is ([+-][0-9.]+)s off the backend's")
@@ -70,9 +70,14 @@ def clock_offset(seed: int, at_s: float, target: int) -> float:
 class ReplicaFaults:
     """Begins, ends and proves the replica faults of one nemesis."""
 
-    def __init__(self, replicas: list[Replica], backend: str) -> None:
+    def __init__(
+        self, replicas: list[Replica], backend: str, *, storage_restart_s: float = 0.0
+    ) -> None:
         self.replicas = replicas
         self.backend = backend
+        # a replica restarted while storage nodes are down (an overlapping kill-node)
+        # waits for them: as long as a node's restart may take, and a margin
+        self.start_retry_s = max(START_RETRY_S, storage_restart_s + 90.0)
         self.library = faketime_library()
         self._pids: dict[tuple[str, int], int | None] = {}
         self._clock: dict[int, tuple[float, int, bool]] = {}
@@ -102,7 +107,7 @@ class ReplicaFaults:
     def _start(self, replica: Replica, expect_refusal: bool = False) -> bool:
         """Start ``replica``, retrying while its storage is down; False when it refused
         to serve for its clock (the expected effect beyond the guard)."""
-        deadline = time.monotonic() + START_RETRY_S
+        deadline = time.monotonic() + self.start_retry_s
         while True:
             at = replica.log_size()
             try:
