@@ -69,6 +69,8 @@ from toolkit.nemesis.workload import SENDERS, Workload
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 MIN_OVERRUN_S = 60.0
+SERVICE_RESTARTS = ("kill-replica", "clock-offset", "kill-relay")
+"""Fault kinds whose end starts a serve or relay process again (it opens the storage)."""
 NODE_OUTAGES = frozenset({"kill-node", "pause-node"})
 """The load goes on at least this long past --duration while scheduled faults remain."""
 CREATE_TRIES = 20
@@ -339,8 +341,13 @@ class Nemesis:
         # One fault after another: a slow node restart delays the rest, and the load
         # goes on past --duration until the last one has ended, up to an overrun.
         restarts = sum(len(f.targets) for f in faults if f.kind == "kill-node")
+        starts = sum(len(f.targets) for f in faults if f.kind in SERVICE_RESTARTS)
         assert self.topology is not None
-        overrun = overrun_s(a.duration, restarts, self.topology.restart_s, MIN_OVERRUN_S)
+        overrun = overrun_s(
+            a.duration,
+            restarts * self.topology.restart_s + starts * self.topology.service_start_s,
+            MIN_OVERRUN_S,
+        )
         hard_end = began + a.duration + overrun
         self.outages = []
 

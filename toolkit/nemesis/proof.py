@@ -305,9 +305,10 @@ def quorum_lost_seconds(
     return lost
 
 
-def overrun_s(duration_s: float, restarts: int, restart_s: float, minimum_s: float) -> float:
+def overrun_s(duration_s: float, restarting_s: float, minimum_s: float) -> float:
     """How long a schedule's faults may go on past ``duration_s``: one fault waits
-    for the one before it, so each node restart in it (``restarts``, up to
-    ``restart_s`` each: a CQL node on a shared box takes one to two minutes) can
-    push the later ones back."""
-    return max(duration_s, minimum_s, restarts * restart_s)
+    for the one before it, so each restart in it can push the later ones back;
+    ``restarting_s`` is what its restarts may take together (a CQL node on a shared
+    box takes one to two minutes, a service process opening the CQL cluster up to
+    two at load 30)."""
+    return max(duration_s, minimum_s, restarting_s)

@@ -89,6 +89,8 @@ class Topology:
     node_count = 1
     restart_s = 15.0
     """How long a killed node may take to answer again, for the schedule's overrun."""
+    service_start_s = 15.0
+    """How long a restarted serve or relay process may take to open this storage."""
     probe_request = b""
     """A request every node answers at once, sent through a proxy to prove a toxic."""
 
@@ -211,6 +213,7 @@ class ScyllaTopology(Topology):
     backend = "scylla"
     node_count = 3
     restart_s = 150.0  # a CQL node on two shared cores: 60 to 240 s (docs/topologies.md)
+    service_start_s = 120.0  # opening the cluster: 40 to 113 s at load 30 (seed 3500)
     probe_request = proof.CQL_OPTIONS
 
     def __init__(self, work: Path, toxi: tp.Toxiproxy, nodes: int = 3) -> None:
