@@ -16,6 +16,11 @@ The HTTP side port (``MC_RELAY_HTTP_ADDRESS``) serves /metrics, /healthz and
 SIGINT: every lease is released after the current step, so other relays
 take over at once; exit 0. Start-up fails closed like ``serve`` (exit 2 bad
 configuration, 3 backend unreachable).
+
+Its "now" (a message's age against the dedupe window, retry due times) is the
+backend's where the backend has a clock (Redis ``TIME``), measured at start and
+every ``MC_READINESS_INTERVAL``, as serve's is: a relay whose own clock is off
+warns and still agrees with the replicas that stamped the messages.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import sys
 from collections.abc import Sequence
 
 from service import config as service_config
+from service.backend_clock import BackendClock
 from service.config import ConfigError, ServiceConfig, StartupError, split_address
+from service.domain.ports import Clock
 from service.health import Readiness
 from service.httpside import HttpSide
 from service.metrics import backend_events
@@ -86,8 +93,14 @@ async def run(config: ServiceConfig) -> int:
     """Relay until SIGTERM or SIGINT; returns the exit code."""
     from service.bootstrap import open_backend, replica_clock
 
-    clock = replica_clock(config)
-    backend = await open_backend(config, clock)
+    own = replica_clock(config)
+    backend = await open_backend(config, own)
+    # A message's age is judged against the time the replica that committed it took:
+    # the backend's, where it has one (Redis), as serve does (service/backend_clock.py).
+    synced = BackendClock(own, backend.server_time) if backend.server_time else None
+    if synced is not None:
+        await synced.try_sync()
+    clock: Clock = synced or own
     metrics = RelayMetrics()
     metrics.registry.register(backend_events(backend.events))
     runner = RelayRunner(
@@ -117,10 +130,18 @@ async def run(config: ServiceConfig) -> int:
         len(backend.delivery.partitions.partitions()) if backend.delivery else 0,
         http_port,
     )
+    resync = (
+        asyncio.create_task(synced.run(stop, config.readiness_interval), name="backend-clock")
+        if synced is not None
+        else None
+    )
     try:
         await runner.run(stop)
         log.info("stopped: leases released")
     finally:
+        if resync is not None:
+            stop.set()
+            await resync
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await http.close()
