@@ -6,7 +6,11 @@ share one CQL port and one storage port, picked free on every node's address, as
 real cluster shares 9042 (clients then need one port, as the service's config has).
 Every node gets an evenly spaced initial token (Murmur3, one token per node), the
 first node is the only seed, and nodes are started one after another (Cassandra
-refuses concurrent joins). The snitch is GossipingPropertyFileSnitch with one data
+refuses concurrent joins). ``storage_first_address`` gives node i a second address,
+127.0.x.<first + i>, as its ``broadcast_address``: peers then reach its storage port
+only there, where a fault proxy (the nemesis's Toxiproxy) listens on the same port and
+forwards to the node, so cutting that proxy cuts the node off from its peers. The
+snitch is GossipingPropertyFileSnitch with one data
 centre ("dc1") or two ("dc1" gets the larger half: 3 nodes -> 2 + 1, 4 nodes ->
 2 + 2). Heap and thread pools are sized so that three or four nodes
 share a 2-core, 24 GiB machine (see ``CLUSTER_SIZING``).
@@ -68,6 +72,7 @@ CLUSTER_SIZING = Sizing(
 )
 UP_LINE = "is now UP"
 """Gossip logs ``InetAddress /<host>:<port> is now UP`` for each live peer."""
+DOWN_LINE = "is now DOWN"
 
 
 def tokens(count: int) -> list[str]:
@@ -105,17 +110,29 @@ class CassandraCluster:
         first_address: str = FIRST_ADDRESS,
         commitlog_sync: Literal["periodic", "batch"] = "periodic",
         sizing: Any = None,
+        storage_first_address: str = "",
     ) -> None:
+        """``storage_first_address``: where the nodes' broadcast addresses begin (empty:
+        none; peers reach each node at its listen address)."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.data_dir = Path(data_dir).resolve()
         self.dcs = dcs
         dc_of = layout(nodes, dcs)
         hosts = [address(i, first_address) for i in range(nodes)]
-        native, storage = _saved_ports(self.data_dir) or _common_ports(hosts)
-        seeds = f"{hosts[0]}:{storage}"
+        self.peer_hosts = (
+            [address(i, storage_first_address) for i in range(nodes)]
+            if storage_first_address
+            else hosts
+        )
+        """The address each node's peers reach it at (its broadcast address)."""
+        native, storage = _saved_ports(self.data_dir) or _common_ports(
+            hosts + [h for h in self.peer_hosts if h not in hosts]
+        )
+        seeds = f"{self.peer_hosts[0]}:{storage}"
         self.nodes: list[Any] = []
         for i, (host, token) in enumerate(zip(hosts, tokens(nodes), strict=True)):
+            broadcast = self.peer_hosts[i] if storage_first_address else ""
             self.nodes.append(
                 CassandraNode(
                     self.data_dir / f"node{i + 1}",
@@ -123,7 +140,9 @@ class CassandraCluster:
                     host=host,
                     storage_port=storage,
                     commitlog_sync=commitlog_sync,
-                    placement=Placement(seeds=seeds, initial_token=token, dc=dc_of[i]),
+                    placement=Placement(
+                        seeds=seeds, initial_token=token, dc=dc_of[i], broadcast=broadcast
+                    ),
                     sizing=sizing or CLUSTER_SIZING,
                 )
             )
@@ -136,6 +155,11 @@ class CassandraCluster:
     def port(self) -> int:
         """The CQL port every node listens on."""
         return int(self.nodes[0].port)
+
+    @property
+    def storage_port(self) -> int:
+        """The storage (inter-node) port every node listens on."""
+        return int(self.nodes[0].storage_port)
 
     @property
     def contact_points(self) -> list[str]:
@@ -191,13 +215,16 @@ class CassandraCluster:
         raise CassandraError(f"the nodes did not see each other within {timeout:.0f}s")
 
     def _sees_all(self, node: Any) -> bool:
+        """Whether ``node``'s log (since its start) last reported each other running
+        node UP: a peer marked DOWN after a partition or a kill counts again only
+        once it is UP again."""
         try:
             text = node.log_path.read_text(errors="replace")[node_start_offset(node) :]
         except OSError:
             return False
-        others = [n for n in self.nodes if n is not node and n.is_running()]
-        up = [line for line in text.splitlines() if UP_LINE in line]
-        return all(any(f"/{o.host}:" in line for line in up) for o in others)
+        me = self.nodes.index(node)
+        others = [i for i, n in enumerate(self.nodes) if i != me and n.is_running()]
+        return all(last_state(text, self.peer_hosts[i]) == "UP" for i in others)
 
     def stop(self, grace: float = 30) -> None:
         for node in reversed(self.nodes):
@@ -269,6 +296,19 @@ def _free_on(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def last_state(log: str, host: str) -> str:
+    """``UP``, ``DOWN`` or empty: what gossip in ``log`` last said of the peer at ``host``
+    (``InetAddress /<host>:<port> is now UP``)."""
+    state = ""
+    for line in log.splitlines():
+        if f"/{host}:" in line:
+            if UP_LINE in line:
+                state = "UP"
+            elif DOWN_LINE in line:
+                state = "DOWN"
+    return state
 
 
 def node_start_offset(node: Any) -> int:

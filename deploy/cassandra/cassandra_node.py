@@ -151,6 +151,9 @@ class Placement:
     dc: str = ""
     """Data centre (GossipingPropertyFileSnitch); empty: SimpleSnitch."""
     rack: str = "rack1"
+    broadcast: str = ""
+    """The address peers reach this node's storage port at (a fault proxy in front of
+    it, on the same port); empty: ``listen_address``. Seeds name broadcast addresses."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,7 @@ seed_provider:
     parameters:
       - seeds: "{seeds}"
 listen_address: {self.host}
+{f"broadcast_address: {where.broadcast}" if where.broadcast else ""}
 rpc_address: {self.host}
 storage_port: {self.storage_port}
 native_transport_port: {self._port}

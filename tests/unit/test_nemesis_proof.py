@@ -160,3 +160,20 @@ def test_a_faketime_probe_is_read_when_it_reads_the_clock_not_when_it_exits(
     slow.chmod(0o755)
     offset = proof.faked_clock_offset_s({}, str(slow))  # no faketime: the real clock
     assert abs(offset) < 0.5
+
+
+REFUSED = ProbeResult(b"", 0.001, "ConnectionRefusedError")
+
+
+@pytest.mark.parametrize(
+    ("through_proxy", "direct", "ok"),
+    [
+        (REFUSED, SILENT, True),  # cut off from its peers, the node itself running
+        (SILENT, SILENT, False),  # the peers' way in still accepts: no partition
+        (REFUSED, REFUSED, False),  # the node is down: a kill, not a partition
+    ],
+)
+def test_a_partition_is_the_peers_way_in_refused_while_the_node_runs(
+    through_proxy: ProbeResult, direct: ProbeResult, ok: bool
+) -> None:
+    assert proof.judge_partition(through_proxy, direct).ok is ok

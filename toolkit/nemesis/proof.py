@@ -113,6 +113,19 @@ def probe(address: str, request: bytes, wait_s: float) -> ProbeResult:
     return ProbeResult(reply, elapsed, "" if reply else "closed")
 
 
+def judge_partition(through_proxy: ProbeResult, direct: ProbeResult) -> Proof:
+    """A node cut off from its peers: a connection to its broadcast address (the only
+    address its peers reach it at) is refused, while its storage port itself still
+    accepts one (the process runs: a network fault, not a kill). An empty probe
+    waits ``QUIET_S`` for nothing, so an accepted connection shows as ``timeout``."""
+    cut = through_proxy.failure == "ConnectionRefusedError"
+    alive = direct.failure in ("", "timeout", "closed")
+    seen = f"peers' way in: {through_proxy.failure or 'answered'}; the node's own port: " + (
+        direct.failure or "answered"
+    )
+    return Proof(cut and alive, f"{seen}; refused there, accepted here")
+
+
 def judge_toxic(spec: ToxicSpec, result: ProbeResult, delta: Counters, sent: int) -> Proof:
     """Whether ``result`` (a probe of ``sent`` bytes) and the proxy's counter ``delta``
     over the probe show ``spec``'s effect."""

@@ -3,7 +3,11 @@
 * ``ScyllaTopology``: the three-node Cassandra cluster of ``deploy/cassandra`` (RF 3,
   commitlog ``batch`` so that a kill -9 loses no acknowledged Paxos state), one proxy
   per node; replicas reach every node through its proxy (``--scylla-node-proxies``)
-  at QUORUM / SERIAL.
+  at QUORUM / SERIAL. Each node also has a second proxy on its storage (inter-node)
+  port: the node's ``broadcast_address`` is that proxy's, so every message its peers
+  send it goes through there, and ``partition-node`` disables it (the node is cut off
+  from its peers: nothing they send reaches it, so no request it coordinates gets an
+  answer from them, and none they coordinate gets one from it).
 * ``RedisTopology``: a standalone redis-server behind one proxy, or ``sentinel``:
   master + replica + 3 Sentinels (``tests/servers/redis_topologies.py``), whose URL
   form (``redis+sentinel://``) the Redis backend must support; ``cluster``: 3 masters +
@@ -209,6 +213,11 @@ class Topology:
         raise NotImplementedError
 
 
+STORAGE_PROXY_FIRST = "127.0.2.11"
+"""The CQL nodes' broadcast addresses (their storage proxies) begin here."""
+PARTITION = "partition-node"
+
+
 class ScyllaTopology(Topology):
     backend = "scylla"
     node_count = 3
@@ -221,15 +230,30 @@ class ScyllaTopology(Topology):
         self.node_count = nodes
         launcher = _load("mc_cassandra_cluster", CLUSTER_LAUNCHER)
         self.cluster: Any = launcher.CassandraCluster(
-            work / "cassandra", nodes, commitlog_sync="batch"
+            work / "cassandra",
+            nodes,
+            commitlog_sync="batch",
+            storage_first_address=STORAGE_PROXY_FIRST,
         )
+        self.peer_proxies: list[str] = []
+        """One proxy per node on its broadcast address: its peers' way in."""
         self.keyspace = f"mc_nemesis_{uuid.uuid4().hex[:8]}"
         self.routes: dict[str, int] = {}
 
     async def start(self) -> None:
         from backends.scylla.migrate import migrate
 
+        storage = self.cluster.storage_port
+        for i, (host, peer) in enumerate(
+            zip(self.cluster.contact_points, self.cluster.peer_hosts, strict=True)
+        ):
+            name = f"peer{i}"
+            self.toxi.create_proxy(name, f"{peer}:{storage}", f"{host}:{storage}")
+            self.peer_proxies.append(name)
         await asyncio.to_thread(self.cluster.start)
+        silent = [p for p in self.peer_proxies if self.toxi.bytes_through(p) == 0]
+        if silent:
+            raise RuntimeError(f"no storage traffic went through {', '.join(silent)}")
         for i, host in enumerate(self.cluster.contact_points):
             name = f"cql{i}"
             port = free_port()
@@ -244,6 +268,48 @@ class ScyllaTopology(Topology):
             replication=self.cluster.replication(),
             request_timeout_s=30.0,
         )
+
+    def fault_kinds(self) -> list[FaultKind]:
+        return [*super().fault_kinds(), FaultKind(PARTITION, self.node_count, self.node_count - 1)]
+
+    async def begin(self, kind: str, target: int) -> None:
+        if kind == PARTITION:
+            self.toxi.set_enabled(self.peer_proxies[target], False)
+        else:
+            await super().begin(kind, target)
+
+    async def end(self, kind: str, target: int) -> None:
+        if kind == PARTITION:
+            self.toxi.set_enabled(self.peer_proxies[target], True)
+        else:
+            await super().end(kind, target)
+
+    def prove_begin(self, kind: str, target: int) -> Proof:
+        if kind != PARTITION:
+            return super().prove_begin(kind, target)
+        return proof.judge_partition(
+            proof.probe(self._peer_address(target), b"", proof.QUIET_S),
+            proof.probe(self._storage_address(target), b"", proof.QUIET_S),
+        )
+
+    def prove_end(self, kind: str, target: int) -> Proof | None:
+        if kind != PARTITION:
+            return super().prove_end(kind, target)
+        result = proof.probe(self._peer_address(target), b"", proof.QUIET_S)
+        refused = result.failure == "ConnectionRefusedError"
+        return Proof(not refused, f"the peers' way in accepts again: {not refused}")
+
+    def _peer_address(self, index: int) -> str:
+        return f"{self.cluster.peer_hosts[index]}:{self.cluster.storage_port}"
+
+    def _storage_address(self, index: int) -> str:
+        return f"{self.cluster.contact_points[index]}:{self.cluster.storage_port}"
+
+    async def heal(self) -> None:
+        """Also until every node's gossip sees every other UP again (a partition's
+        end leaves them DOWN to each other for a few seconds)."""
+        await super().heal()
+        await asyncio.to_thread(self.cluster.wait_all_up, 240)
 
     def serve_args(self) -> list[str]:
         proxies = ",".join(f"{h}=127.0.0.1:{p}" for h, p in self.routes.items())
