@@ -69,9 +69,9 @@ from toolkit.nemesis.workload import SENDERS, Workload
 STOP_GRACE_S = 25.0
 FAULT_END_TIMEOUT_S = 400.0
 MIN_OVERRUN_S = 60.0
-SERVICE_RESTARTS = ("kill-replica", "clock-offset", "kill-relay")
+SERVICE_RESTARTS = ("kill-replica", "clock-offset", "kill-relay", "clock-relay")
 """Fault kinds whose end starts a serve or relay process again (it opens the storage)."""
-NODE_OUTAGES = frozenset({"kill-node", "pause-node"})
+NODE_OUTAGES = frozenset({"kill-node", "pause-node", "partition-node"})
 """The load goes on at least this long past --duration while scheduled faults remain."""
 CREATE_TRIES = 20
 """How long the fault running at the end may take to end (a node restart on a busy box)."""

@@ -250,9 +250,9 @@ def judge_clock(
     told = reported is not None or not report_expected
     text = f"faketime probe {probed_s:+.2f}s (wanted {wanted_s:+.2f}s)"
     if reported is not None:
-        text += f"; the replica reported: {reported}"
+        text += f"; the process reported: {reported}"
     elif report_expected:
-        text += "; the replica reported no skew"
+        text += "; the process reported no skew"
     return Proof(close and told, text)
 
 

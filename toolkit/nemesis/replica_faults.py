@@ -22,6 +22,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from service.client import NO_RETRY, CommitClient
@@ -67,6 +68,41 @@ def clock_offset(seed: int, at_s: float, target: int) -> float:
     return random.Random(f"{seed}:{at_s}:{target}").choice(CLOCK_OFFSETS_S)
 
 
+def refuses_for(backend: str, offset_s: float) -> bool:
+    """Whether a service process must refuse to start with this skew (Scylla's guard)."""
+    return backend == "scylla" and abs(offset_s) > SCYLLA_GUARD_S + 0.5
+
+
+def refused_for_clock(log: str) -> bool:
+    """Whether a process's log says it refused to serve for its clock (Scylla's guard)."""
+    return _SCYLLA_REFUSAL.search(log) is not None
+
+
+def prove_clock(
+    backend: str, library: str, wanted: float, log: Callable[[], str], refused: bool
+) -> Proof:
+    """A clock fault on a service process (a serve replica or a relay), whose log since
+    its restart ``log`` returns: a probe under the same faketime setting reads the
+    offset, and the process reported the skew where the service measures it (Redis:
+    its clock warning, over 1 s; Scylla beyond the guard: its refusal to start)."""
+    probed = proof.faked_clock_offset_s(faketime_env(wanted, library), sys.executable)
+    expected = backend == "redis" and abs(wanted) > REDIS_WARN_S + 0.2
+    reported: str | None = None
+    if refuses_for(backend, wanted):
+        expected = True
+        found = _SCYLLA_REFUSAL.search(log())
+        reported = f"refused to serve ({found.group(0)})" if refused and found else None
+    elif expected:  # the clock loop measures it again every readiness interval
+        deadline = time.monotonic() + 5.0
+        while reported is None and time.monotonic() < deadline:
+            match = _REDIS_SKEW.search(log())
+            if match and abs(float(match.group(1)) - wanted) <= 1.0:
+                reported = f"clock {match.group(1)}s off the backend's"
+            else:
+                time.sleep(0.5)
+    return proof.judge_clock(wanted, probed, reported, expected)
+
+
 class ReplicaFaults:
     """Begins, ends and proves the replica faults of one nemesis."""
 
@@ -102,7 +138,7 @@ class ReplicaFaults:
 
     def refuses(self, offset_s: float) -> bool:
         """Whether the service must refuse to serve with this skew (Scylla's guard)."""
-        return self.backend == "scylla" and abs(offset_s) > SCYLLA_GUARD_S + 0.5
+        return refuses_for(self.backend, offset_s)
 
     def _start(self, replica: Replica, expect_refusal: bool = False) -> bool:
         """Start ``replica``, retrying while its storage is down; False when it refused
@@ -114,7 +150,7 @@ class ReplicaFaults:
                 replica.start()
                 return True
             except RuntimeError:
-                if _SCYLLA_REFUSAL.search(replica.log_since(at)):
+                if refused_for_clock(replica.log_since(at)):
                     return False
                 if expect_refusal or time.monotonic() > deadline:
                     raise
@@ -142,23 +178,9 @@ class ReplicaFaults:
     def _prove_clock(self, target: int) -> Proof:
         wanted, at, refused = self._clock[target]
         assert self.library is not None
-        probed = proof.faked_clock_offset_s(faketime_env(wanted, self.library), sys.executable)
         replica = self.replicas[target]
-        expected = self.backend == "redis" and abs(wanted) > REDIS_WARN_S + 0.2
-        reported: str | None = None
-        if self.refuses(wanted):
-            expected = True
-            found = _SCYLLA_REFUSAL.search(replica.log_since(at))
-            reported = f"refused to serve ({found.group(0)})" if refused and found else None
-        elif expected:  # the clock loop measures it again every readiness interval
-            deadline = time.monotonic() + 5.0
-            while reported is None and time.monotonic() < deadline:
-                match = _REDIS_SKEW.search(replica.log_since(at))
-                if match and abs(float(match.group(1)) - wanted) <= 1.0:
-                    reported = f"clock {match.group(1)}s off the backend's"
-                else:
-                    time.sleep(0.5)
-        return proof.judge_clock(wanted, probed, reported, expected)
+        return prove_clock(self.backend, self.library, wanted, lambda: replica.log_since(at),
+                           refused)  # fmt: skip
 
     async def prove_end(self, kind: str, target: int) -> Proof | None:
         """After a kill: the restarted replica answers its health check SERVING within

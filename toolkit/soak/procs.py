@@ -117,6 +117,13 @@ class Proc:
         self.kill()
         raise ProcError(f"{self.name} was not ready within {START_TIMEOUT_S:.0f}s")
 
+    def log_size(self) -> int:
+        """Bytes in the log so far: ``log_since`` reads what comes after."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        return self._log_since(offset)
+
     def _log_since(self, offset: int) -> str:
         try:
             with open(self.log_path, "rb") as f:

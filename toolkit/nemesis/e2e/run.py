@@ -3,9 +3,10 @@
 ``E2ENemesis`` extends ``cli.Nemesis`` (storage behind Toxiproxy, ``--replicas`` serve
 processes, its faults and proofs, its gRPC clients with replays and conflicts, its
 checker and porcupine for the commits) with two ``relay`` processes
-(``soak.procs.Proc``) and a ``devices.Fleet``; it adds three fault kinds, each proven
+(``soak.procs.Proc``) and a ``devices.Fleet``; it adds four fault kinds, each proven
 like the others: ``kill-relay`` (SIGKILL of the relay's process group, gone before
-it counts; restarted at the fault's end, proven by its ready line),
+it counts; restarted at the fault's end, proven by its ready line), ``clock-relay``
+(the relay restarted under faketime, ``relay_clock.py``),
 ``kill-device`` (SIGKILL of a device process, up to two at once; restarted on its
 file at the end) and ``new-epoch`` (an operator starts the next epoch of a random
 user's inbox, ``epochs.py``; proven by the lane's epoch, which must have grown).
@@ -28,18 +29,20 @@ from pathlib import Path
 from service.domain.delivery import MailboxStore
 from toolkit.client_campaign.device import TENANT
 from toolkit.nemesis.cli import Nemesis
-from toolkit.nemesis.e2e import delivery, frozen, lanes
+from toolkit.nemesis.e2e import delivery, frozen, lanes, relay_clock
 from toolkit.nemesis.e2e.devices import STALL_S, Fleet
 from toolkit.nemesis.e2e.epochs import LaneEpochs
 from toolkit.nemesis.e2e.frozen import FrozenVersions
 from toolkit.nemesis.history import HistoryWriter
+from toolkit.nemesis.proof import Proof
+from toolkit.nemesis.replica_faults import clock_offset
 from toolkit.nemesis.schedule import Fault, FaultKind
 from toolkit.soak.procs import Proc
 
 RELAYS = 2
 RELAY_ENV = {"MC_LOG_LEVEL": "INFO", "MC_RELAY_LEASE": "2s", "MC_RELAY_IDLE_WAIT": "50ms"}
 SETTLE_S = 60.0
-E2E_KINDS = ("kill-relay", "kill-device", "new-epoch")
+E2E_KINDS = ("kill-relay", "kill-device", "new-epoch", relay_clock.KIND)
 
 
 class E2ENemesis(Nemesis):
@@ -50,6 +53,7 @@ class E2ENemesis(Nemesis):
         self.fleet: Fleet | None = None
         self.epochs: LaneEpochs | None = None
         self.root = work / f"broken-build-{args.sabotage}" if args.sabotage else None
+        self.relay_clock: relay_clock.RelayClock | None = None
 
     async def start(self) -> None:
         await super().start()
@@ -64,11 +68,17 @@ class E2ENemesis(Nemesis):
                          cwd=self.root)  # fmt: skip
             self.relays.append(relay)
             await asyncio.to_thread(relay.start)
+        assert self.replica_faults is not None
+        self.relay_clock = relay_clock.RelayClock(
+            self.relays, self.args.backend, self.replica_faults.start_retry_s
+        )
         print(f"e2e: {len(self.replicas)} serve + {RELAYS} relay processes ready", flush=True)
 
     def kinds(self) -> list[FaultKind]:
         kinds = super().kinds()
         ours = [FaultKind("kill-relay", RELAYS, domain="relay")]
+        if self.relay_clock is not None and self.relay_clock.library is not None:
+            ours.append(FaultKind(relay_clock.KIND, RELAYS, domain="relay"))
         if self.fleet is not None:
             ours.append(FaultKind("kill-device", len(self.fleet.devices), 2, domain="device"))
             # it writes to the storage: never while a storage fault keeps it from it
@@ -79,6 +89,10 @@ class E2ENemesis(Nemesis):
     async def _begin(self, fault: Fault, target: int) -> None:
         if fault.kind == "kill-relay":
             await asyncio.to_thread(self.relays[target].kill)
+        elif fault.kind == relay_clock.KIND:
+            assert self.relay_clock is not None
+            offset = clock_offset(self.seed, fault.at_s, target)
+            await asyncio.to_thread(self.relay_clock.begin, target, offset)
         elif fault.kind == "kill-device":
             assert self.fleet is not None
             await self.fleet.kill(target)
@@ -91,6 +105,9 @@ class E2ENemesis(Nemesis):
     async def _end(self, kind: str, target: int) -> None:
         if kind == "kill-relay":
             await asyncio.to_thread(self.relays[target].start)
+        elif kind == relay_clock.KIND:
+            assert self.relay_clock is not None
+            await asyncio.to_thread(self.relay_clock.end, target)
         elif kind == "kill-device":
             assert self.fleet is not None
             self.fleet.restart(target)
@@ -102,7 +119,9 @@ class E2ENemesis(Nemesis):
             return await super()._prove(kind, target, history, when)
         if kind == "new-epoch":
             return await self._prove_epoch(target, history, when)
-        if kind == "kill-relay":
+        if kind == relay_clock.KIND and when == "begin":
+            return await self._prove_relay_clock(target, history)
+        if kind in ("kill-relay", relay_clock.KIND):  # a clock fault's end: running again
             up = self.relays[target].running
         else:
             assert self.fleet is not None
@@ -113,6 +132,18 @@ class E2ENemesis(Nemesis):
         if not ok:
             print(f"  fault {kind}[{target}] without effect ({when}): {what}")
         return ok
+
+    async def _prove_relay_clock(self, target: int, history: HistoryWriter) -> bool:
+        assert self.relay_clock is not None
+        try:
+            found = await asyncio.to_thread(self.relay_clock.prove_begin, target)
+        except Exception as exc:
+            found = Proof(False, f"could not observe: {type(exc).__name__}")
+        history.fault(relay_clock.KIND, str(target), "proven" if found.ok else "no-effect",
+                      found.evidence)  # fmt: skip
+        if not found.ok:
+            print(f"  fault {relay_clock.KIND}[{target}] without effect: {found.evidence}")
+        return found.ok
 
     async def _prove_epoch(self, target: int, history: HistoryWriter, when: str) -> bool:
         if when == "end":  # proven when it began; a new epoch has nothing to end
