@@ -262,10 +262,11 @@ class ScyllaTopology(Topology):
             name = f"peer{i}"
             self.toxi.create_proxy(name, f"{peer}:{storage}", f"{host}:{storage}")
             self.peer_proxies.append(name)
+        # Started means every node's gossip saw every other UP at its broadcast
+        # address, which only the proxy serves: the peers' traffic goes through it.
+        # (Toxiproxy's byte counters would not show it: they count a connection
+        # when it ends, and these last.)
         await asyncio.to_thread(self.cluster.start)
-        silent = [p for p in self.peer_proxies if self.toxi.bytes_through(p) == 0]
-        if silent:
-            raise RuntimeError(f"no storage traffic went through {', '.join(silent)}")
         for i, host in enumerate(self.cluster.contact_points):
             name = f"cql{i}"
             port = free_port()
