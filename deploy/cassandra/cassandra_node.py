@@ -211,8 +211,6 @@ class CassandraNode:
         self.heap = self.sizing.heap or os.environ.get("CASSANDRA_HEAP", "1G")
         self._proc: subprocess.Popen[bytes] | None = None
         self.log_offset = 0
-        self.extra_env: dict[str, str] = {}
-        """Added to the JVM's environment at the next launch (a fault's faketime)."""
 
     @property
     def host(self) -> str:
@@ -337,7 +335,6 @@ native_transport_max_threads: {size.native_transport_max_threads}
             self._proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, **self.extra_env},
             )  # fmt: skip
         _live.add(self)
 

@@ -341,7 +341,6 @@ class Nemesis:
         # One fault after another: a slow node restart delays the rest, and the load
         # goes on past --duration until the last one has ended, up to an overrun.
         restarts = sum(len(f.targets) for f in faults if f.kind == "kill-node")
-        restarts += 2 * sum(len(f.targets) for f in faults if f.kind == "clock-node")
         starts = sum(len(f.targets) for f in faults if f.kind in SERVICE_RESTARTS)
         assert self.topology is not None
         overrun = overrun_s(

@@ -7,10 +7,7 @@
   port: the node's ``broadcast_address`` is that proxy's, so every message its peers
   send it goes through there, and ``partition-node`` disables it (the node is cut off
   from its peers: nothing they send reaches it, so no request it coordinates gets an
-  answer from them, and none they coordinate gets one from it). ``clock-node`` restarts
-  a node under ``faketime`` (its wall clock, Paxos ballots and server-side timestamps
-  really off; offsets inside the replicas' 3 s guard), proven by the node's own
-  ``now()`` read over CQL, and restarts it on the true clock at the fault's end.
+  answer from them, and none they coordinate gets one from it).
 * ``RedisTopology``: a standalone redis-server behind one proxy, or ``sentinel``:
   master + replica + 3 Sentinels (``tests/servers/redis_topologies.py``), whose URL
   form (``redis+sentinel://``) the Redis backend must support; ``cluster``: 3 masters +
@@ -35,7 +32,6 @@ import asyncio
 import importlib
 import importlib.util
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -45,7 +41,6 @@ from typing import Any
 from toolkit.nemesis import proof
 from toolkit.nemesis import toxiproxy as tp
 from toolkit.nemesis.proof import Counters, Proof, ToxicSpec
-from toolkit.nemesis.replica_faults import faketime_env, faketime_library
 from toolkit.nemesis.schedule import FaultKind
 from toolkit.ports import free_port
 
@@ -221,10 +216,6 @@ class Topology:
 STORAGE_PROXY_FIRST = "127.0.2.11"
 """The CQL nodes' broadcast addresses (their storage proxies) begin here."""
 PARTITION = "partition-node"
-CLOCK_NODE = "clock-node"
-NODE_CLOCK_OFFSETS_S = (-2.5, 2.0, -1.5, 2.5)
-"""Inside the replicas' 3 s guard (``MC_SCYLLA_MAX_CLOCK_SKEW``): a node further off
-makes every replica whose skew sample it answers refuse to serve, by design."""
 
 
 class ScyllaTopology(Topology):
@@ -246,9 +237,6 @@ class ScyllaTopology(Topology):
         )
         self.peer_proxies: list[str] = []
         """One proxy per node on its broadcast address: its peers' way in."""
-        self.faketime = faketime_library()
-        self._clock_faults = 0
-        self._node_clock: dict[int, float] = {}
         self.keyspace = f"mc_nemesis_{uuid.uuid4().hex[:8]}"
         self.routes: dict[str, int] = {}
 
@@ -283,41 +271,21 @@ class ScyllaTopology(Topology):
         )
 
     def fault_kinds(self) -> list[FaultKind]:
-        kinds = [*super().fault_kinds(), FaultKind(PARTITION, self.node_count, self.node_count - 1)]
-        if self.faketime is not None:
-            kinds.append(FaultKind(CLOCK_NODE, self.node_count))
-        return kinds
+        return [*super().fault_kinds(), FaultKind(PARTITION, self.node_count, self.node_count - 1)]
 
     async def begin(self, kind: str, target: int) -> None:
         if kind == PARTITION:
             self.toxi.set_enabled(self.peer_proxies[target], False)
-        elif kind == CLOCK_NODE:
-            assert self.faketime is not None
-            offset = NODE_CLOCK_OFFSETS_S[self._clock_faults % len(NODE_CLOCK_OFFSETS_S)]
-            self._clock_faults += 1
-            self._node_clock[target] = offset
-            await self._restart_with(target, faketime_env(offset, self.faketime))
         else:
             await super().begin(kind, target)
 
     async def end(self, kind: str, target: int) -> None:
         if kind == PARTITION:
             self.toxi.set_enabled(self.peer_proxies[target], True)
-        elif kind == CLOCK_NODE:
-            await self._restart_with(target, {})
         else:
             await super().end(kind, target)
 
-    async def _restart_with(self, index: int, env: dict[str, str]) -> None:
-        """Stop the node (drained: SIGTERM) and start it again with ``env``."""
-        node = self.node(index)
-        await asyncio.to_thread(node.stop, 20)
-        node.extra_env = dict(env)
-        await self.restart_node(index)
-
     def prove_begin(self, kind: str, target: int) -> Proof:
-        if kind == CLOCK_NODE:
-            return self._prove_node_clock(target)
         if kind != PARTITION:
             return super().prove_begin(kind, target)
         return proof.judge_partition(
@@ -325,19 +293,7 @@ class ScyllaTopology(Topology):
             proof.probe(self._storage_address(target), b"", proof.QUIET_S),
         )
 
-    def _prove_node_clock(self, target: int) -> Proof:
-        """The faketime probe reads the offset, and so does the node's own ``now()``."""
-        assert self.faketime is not None
-        wanted = self._node_clock[target]
-        probed = proof.faked_clock_offset_s(faketime_env(wanted, self.faketime), sys.executable)
-        seen = node_clock_offset_s(self.node(target).host, self.cluster.port)
-        reported = f"now() {seen:+.2f}s off" if abs(seen - wanted) <= 1.0 else None
-        return proof.judge_clock(wanted, probed, reported, True)
-
     def prove_end(self, kind: str, target: int) -> Proof | None:
-        if kind == CLOCK_NODE:
-            seen = node_clock_offset_s(self.node(target).host, self.cluster.port)
-            return Proof(abs(seen) <= 1.0, f"restarted on the true clock: now() {seen:+.2f}s off")
         if kind != PARTITION:
             return super().prove_end(kind, target)
         result = proof.probe(self._peer_address(target), b"", proof.QUIET_S)
@@ -351,13 +307,8 @@ class ScyllaTopology(Topology):
         return f"{self.cluster.contact_points[index]}:{self.cluster.storage_port}"
 
     async def heal(self) -> None:
-        """Also a node left under faketime (a clock fault that did not end) back on
-        the true clock, and until every node's gossip sees every other UP again (a
-        partition's end leaves them DOWN to each other for a few seconds)."""
-        for i in range(self.node_count):
-            if self.node(i).extra_env:
-                await asyncio.to_thread(self.node(i).stop, 20)
-                self.node(i).extra_env = {}
+        """Also until every node's gossip sees every other UP again (a partition's
+        end leaves them DOWN to each other for a few seconds)."""
         await super().heal()
         await asyncio.to_thread(self.cluster.wait_all_up, 240)
 
@@ -397,36 +348,6 @@ class ScyllaTopology(Topology):
     def close(self) -> None:
         self.cluster.stop(grace=20)
         self.cluster.kill()
-
-
-NOW_QUERY = "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local"
-CLOCK_SAMPLES = 5
-
-
-def node_clock_offset_s(host: str, port: int) -> float:
-    """How far the CQL node at ``host`` reads the wall clock from this process: its
-    ``toUnixTimestamp(now())``, asked of it alone, against the middle of the request
-    (of ``CLOCK_SAMPLES``, the one with the shortest round trip)."""
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import WhiteListRoundRobinPolicy
-
-    profile = ExecutionProfile(
-        load_balancing_policy=WhiteListRoundRobinPolicy([host]), request_timeout=10
-    )
-    cluster = Cluster([host], port=port, protocol_version=4, connect_timeout=15,
-                      control_connection_timeout=15,
-                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})  # fmt: skip
-    samples: list[tuple[float, float]] = []  # (round trip, offset)
-    try:
-        session = cluster.connect()
-        for _ in range(CLOCK_SAMPLES):
-            before = time.time()
-            row = session.execute(NOW_QUERY).one()
-            after = time.time()
-            samples.append((after - before, float(row.now_ms) / 1000 - (before + after) / 2))
-    finally:
-        cluster.shutdown()
-    return min(samples)[1]  # the shortest round trip: the least uncertain
 
 
 class RedisTopology(Topology):
