@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from service.client import NO_RETRY, CommitClient
 from toolkit.nemesis import proof
@@ -103,6 +104,32 @@ def prove_clock(
     return proof.judge_clock(wanted, probed, reported, expected)
 
 
+class Service(Protocol):
+    """A serve replica or a relay process: started, and its log read."""
+
+    def start(self) -> None: ...
+    def log_size(self) -> int: ...
+    def log_since(self, offset: int) -> str: ...
+
+
+def start_service(process: Service, retry_s: float, expect_refusal: bool = False) -> bool:
+    """Start ``process``, retrying for ``retry_s`` while its storage is down (an
+    overlapping storage fault); False when it refused to serve for its clock (the
+    expected effect beyond the guard)."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        at = process.log_size()
+        try:
+            process.start()
+            return True
+        except RuntimeError:
+            if refused_for_clock(process.log_since(at)):
+                return False
+            if expect_refusal or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 class ReplicaFaults:
     """Begins, ends and proves the replica faults of one nemesis."""
 
@@ -141,20 +168,7 @@ class ReplicaFaults:
         return refuses_for(self.backend, offset_s)
 
     def _start(self, replica: Replica, expect_refusal: bool = False) -> bool:
-        """Start ``replica``, retrying while its storage is down; False when it refused
-        to serve for its clock (the expected effect beyond the guard)."""
-        deadline = time.monotonic() + self.start_retry_s
-        while True:
-            at = replica.log_size()
-            try:
-                replica.start()
-                return True
-            except RuntimeError:
-                if refused_for_clock(replica.log_since(at)):
-                    return False
-                if expect_refusal or time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        return start_service(replica, self.start_retry_s, expect_refusal)
 
     def end(self, kind: str, target: int) -> None:
         replica = self.replicas[target]

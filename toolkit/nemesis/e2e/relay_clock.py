@@ -13,17 +13,15 @@ setting reads the offset, and the relay's own log reports the skew where one is 
 
 from __future__ import annotations
 
-import time
-
 from toolkit.nemesis.proof import Proof
 from toolkit.nemesis.replica_faults import (
     faketime_env,
     faketime_library,
     prove_clock,
-    refused_for_clock,
     refuses_for,
+    start_service,
 )
-from toolkit.soak.procs import Proc, ProcError
+from toolkit.soak.procs import Proc
 
 KIND = "clock-relay"
 FAKETIME_KEYS = ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC")
@@ -64,17 +62,4 @@ class RelayClock:
                            refused)  # fmt: skip
 
     def _start(self, relay: Proc, expect_refusal: bool = False) -> bool:
-        """Start ``relay``, retrying while its storage is down (an overlapping storage
-        fault); False when it refused to start for its clock."""
-        deadline = time.monotonic() + self.start_retry_s
-        while True:
-            at = relay.log_size()
-            try:
-                relay.start()
-                return True
-            except ProcError:
-                if refused_for_clock(relay.log_since(at)):
-                    return False
-                if expect_refusal or time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        return start_service(relay, self.start_retry_s, expect_refusal)
