@@ -3,8 +3,9 @@
 * ``RedisNode``: one redis-server (AOF, fsync always) that can be killed (SIGKILL),
   paused (SIGSTOP), resumed and restarted on the same port;
 * ``SentinelTopology``: a master, one replica and three Sentinels
-  (``redis-server <conf> --sentinel``, quorum 2, down after 1 s); ``kill_master`` and
-  ``wait_failover`` force and await a failover; ``url`` is the
+  (``redis-server <conf> --sentinel``, quorum 2, down after 1 s, periods shortened with
+  ``SENTINEL DEBUG``: see ``SENTINEL_DEBUG``); ``kill_master`` and ``wait_failover``
+  force and await a failover; ``url`` is the
   ``redis+sentinel://h1:p1,h2:p2,h3:p3/<master>/0`` form the backend is to accept;
 * ``RedisClusterTopology``: a Redis Cluster of 3 masters + 3 replicas built with
   ``redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes``; ``url`` is
@@ -38,6 +39,16 @@ from toolkit.ports import free_port
 MASTER_NAME = "mc"
 START_TIMEOUT_S = 20.0
 FAILOVER_TIMEOUT_S = 30.0
+# Sentinel's own periods are sized for production: it refreshes a replica's INFO every
+# 10 s and waits 4 publish periods (8 s) before it turns a returning old master into a
+# replica, so a rejoin took 14.5-15.6 s on an idle box and overran a 20 s wait on a
+# loaded one. A stall of the timer over 2 s (a loaded box) put a Sentinel in TILT for
+# 30 s, acting on nothing. Redis 7's SENTINEL DEBUG shortens them (not persisted: set at
+# every start).
+SENTINEL_DEBUG = (
+    "info-period", "1000", "publish-period", "500",
+    "tilt-trigger", "10000", "tilt-period", "5000",
+)  # fmt: skip
 
 
 def _executable(name: str) -> str:
@@ -88,6 +99,8 @@ class RedisNode:
             args = [
                 "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
                 "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                # a full sync starts at once (the default waits 5 s for more replicas)
+                "--repl-diskless-sync-delay", "0",
                 "--logfile", log, *self.extra,
             ]  # fmt: skip
         self._process = subprocess.Popen(
@@ -106,6 +119,9 @@ class RedisNode:
                 )
                 raise RuntimeError(f"redis-server on port {self.port} exited: " + " | ".join(tail))
             if _ping(self.port):
+                if self.sentinel_conf:
+                    with self.client() as c:
+                        c.execute_command("SENTINEL", "DEBUG", *SENTINEL_DEBUG)
                 return
             time.sleep(0.05)
         self.kill()
@@ -168,30 +184,56 @@ class SentinelTopology:
             node.start()
         self.wait_replicated()
 
-    def master_port(self) -> int:
-        """The master's port as the Sentinels see it (the first that answers)."""
+    def master_ports(self) -> set[int]:
+        """The master's port as each running Sentinel names it (one each that answers)."""
+        ports: set[int] = set()
         for s in self.sentinels:
             if not s.running:
                 continue
             with contextlib.suppress(Exception), s.client() as c:
                 host_port = c.execute_command("SENTINEL", "get-master-addr-by-name", MASTER_NAME)
-                return int(host_port[1])
-        raise RuntimeError("no Sentinel answered")
+                ports.add(int(host_port[1]))
+        return ports
+
+    def master_port(self) -> int:
+        """The master's port, once every Sentinel that answers names the same one."""
+        ports = self.master_ports()
+        if len(ports) != 1:
+            raise RuntimeError(f"the Sentinels name {sorted(ports) or 'no'} master")
+        return ports.pop()
 
     def current_master(self) -> RedisNode:
         port = self.master_port()
         return next(n for n in self.data_nodes if n.port == port)
 
     def wait_replicated(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Until the current master has a connected replica in sync."""
+        """Until the Sentinels agree on a master and the other node, by its own account,
+        is its replica with the link up and no sync in progress. (The master's view is
+        not enough: it may call a replica online while the replica still serves what it
+        held before the sync.)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(Exception), self.current_master().client() as c:
-                replica = c.info("replication").get("slave0")
-                if isinstance(replica, dict) and replica.get("state") == "online":
+            with contextlib.suppress(Exception):
+                master = self.current_master()
+                if all(_follows(n, master.port) for n in self.data_nodes if n is not master):
                     return
             time.sleep(0.1)
-        raise RuntimeError("the replica did not connect to the master in time")
+        raise RuntimeError(f"the replica did not sync with the master in time: {self._roles()}")
+
+    def _roles(self) -> str:
+        seen = []
+        for node in self.data_nodes:
+            try:
+                with node.client() as c:
+                    info = c.info("replication")
+                seen.append(
+                    f"{node.port} {info.get('role')} of {info.get('master_port', '-')}"
+                    f" link {info.get('master_link_status', '-')}"
+                    f" syncing {info.get('master_sync_in_progress', '-')}"
+                )
+            except Exception as exc:
+                seen.append(f"{node.port} {type(exc).__name__}")
+        return f"Sentinels name {sorted(self.master_ports())}; " + "; ".join(seen)
 
     def kill_master(self) -> RedisNode:
         """SIGKILL the current master; returns it (restart it with ``start``)."""
@@ -200,7 +242,9 @@ class SentinelTopology:
         return node
 
     def wait_failover(self, old_port: int, timeout: float = FAILOVER_TIMEOUT_S) -> int:
-        """Until the Sentinels name a master other than ``old_port``; its port."""
+        """Until every Sentinel names one master other than ``old_port``; its port. (A
+        Sentinel that has not heard of the failover yet would turn the promoted node back
+        into a replica of the old master if that came back now.)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(RuntimeError):
@@ -214,6 +258,17 @@ class SentinelTopology:
         for node in (*self.sentinels, self.replica, self.master):
             node.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _follows(node: RedisNode, master_port: int) -> bool:
+    with node.client() as c:
+        info = c.info("replication")
+    return bool(
+        info.get("role") == "slave"
+        and info.get("master_port") == master_port
+        and info.get("master_link_status") == "up"
+        and info.get("master_sync_in_progress") == 0
+    )
 
 
 class RedisClusterTopology:
