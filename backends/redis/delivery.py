@@ -131,15 +131,20 @@ class RedisConversationIndex(ConversationIndex):
 
 
 class RedisHistoryRecords(HistoryRecords):
-    def __init__(self, calls: CommitCalls) -> None:
+    """The records the relay delivers; with ``replication`` (``MC_REDIS_WAIT_REPLICAS``)
+    only once the replicas hold them (``Replication.read_commands``)."""
+
+    def __init__(self, calls: CommitCalls, replication: Replication | None = None) -> None:
         self._calls = calls
+        self._replication = replication
 
     async def records(
         self, tenant: str, conversation: str, seqs: Sequence[int]
     ) -> dict[int, MessageRecord]:
         if not seqs:
             return {}
-        history = self._calls.keys.conversation(tenant, conversation).history
+        keys = self._calls.keys.conversation(tenant, conversation)
+        history = keys.history
         low, high = min(seqs), max(seqs)
         if high - low + 1 <= SPARSE * len(seqs):
             commands = [("ZRANGE", history, low, high, "BYSCORE")]
@@ -147,7 +152,11 @@ class RedisHistoryRecords(HistoryRecords):
             commands = [("ZRANGE", history, s, s, "BYSCORE") for s in sorted(set(seqs))]
         wanted = set(seqs)
         found: dict[int, MessageRecord] = {}
-        for reply in await self._calls.link.pipeline(commands, write=False):
+        if self._replication is not None:
+            replies = await self._replication.read_commands(commands, keys.shard.barrier)
+        else:
+            replies = await self._calls.link.pipeline(commands, write=False)
+        for reply in replies:
             for member in reply if isinstance(reply, list) else ():
                 record = codec.decode_history_member(tenant, conversation, member)
                 if record.seq in wanted:
@@ -178,5 +187,5 @@ async def open_delivery(
             events=events,
         ),
         index=RedisConversationIndex(calls),
-        records=RedisHistoryRecords(calls),
+        records=RedisHistoryRecords(calls, replication),
     )

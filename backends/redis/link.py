@@ -467,14 +467,30 @@ class RedisLink:
     async def replication_barrier(self, key: str, replicas: int, wait_ms: int) -> int:
         """A one-key write then WAIT on the same connection: when enough replicas
         acknowledge it, they hold everything written before it too. Returns the count."""
+        _, acked = await self.reads_and_wait([], key, replicas, wait_ms, write=True)
+        return acked
+
+    async def reads_and_wait(
+        self,
+        commands: Sequence[Sequence[Arg]],
+        barrier: str,
+        replicas: int,
+        wait_ms: int,
+        *,
+        write: bool = False,
+    ) -> tuple[list[Any], int]:
+        """``commands`` (keys of ``barrier``'s shard only), an INCR of ``barrier`` and
+        WAIT, pipelined on ONE connection: one round trip. The replies of
+        ``commands`` and how many replicas acknowledged the barrier, so hold what
+        the commands read on the server that answered them."""
         self.requests[CALL] += 1
         try:
-            _, acked = await self._same_connection(
-                key, [("INCR", key), ("WAIT", replicas, wait_ms)]
+            replies = await self._same_connection(
+                barrier, [*commands, ("INCR", barrier), ("WAIT", replicas, wait_ms)]
             )
         except rx.RedisError as exc:
-            raise translate(exc, write=True) from None
-        return int(acked)
+            raise translate(exc, write=write) from None
+        return replies[:-2], int(replies[-1])
 
     async def load_scripts(self, scripts: Sequence[Script]) -> None:
         """SCRIPT LOAD every script on every server; fail if one is refused."""

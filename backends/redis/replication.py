@@ -23,6 +23,13 @@ survive the failover, so with ``replicas > 0``:
   replica acknowledgement timed out) could be refused by the old one on its retry,
   and then be committed by recovery: the sender was told "refused" for a message
   that exists (the nemesis found exactly this, ``refused-took-effect``);
+* the **relay's record read** waits the same way (``read_commands``: the reads, a
+  barrier and WAIT on one connection): the relay delivers only a record the replicas
+  hold. A record read from a primary alone (a send whose WAIT failed) and appended
+  after a failover to the new primary, which never had it, left a mailbox entry for a
+  message that does not exist; the sender's retry then committed the same key under
+  another message id (the Sentinel delivery soak: "another message id than its
+  ACK's");
 * a **History page** waits: the page's script, a barrier and WAIT go in one
   pipeline on one connection, so the replicas that acknowledge hold what the page
   shows *on the server that answered it*. A page served by a resumed primary
@@ -83,6 +90,19 @@ class Replication:
         )
         self.check(acked)
         return reply
+
+    async def read_commands(self, commands: Sequence[Sequence[Arg]], barrier: str) -> list[Any]:
+        """Plain reads (keys of ``barrier``'s shard) whose answer must rest on what
+        replicas hold: with ``replicas > 0`` the reads, an INCR of ``barrier`` and WAIT
+        in one pipeline on one connection; without, the reads alone (one round trip
+        either way)."""
+        if not self.replicas:
+            return await self.link.pipeline(commands, write=False)
+        replies, acked = await self.link.reads_and_wait(
+            commands, barrier, self.replicas, self.wait_ms
+        )
+        self.check(acked)
+        return replies
 
     async def write(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg], barrier: str

@@ -266,6 +266,38 @@ async def test_with_wait_history_shows_only_what_replicas_hold(
         await backend.close()
 
 
+async def test_with_wait_the_relay_reads_only_records_replicas_hold(
+    own_redis_server: RedisServer, replica: RedisServer
+) -> None:
+    """The relay plans a delivery from the record it reads. One read from a primary
+    alone (a send whose WAIT failed), then appended after a failover to the new
+    primary, which never had it, leaves a mailbox entry for a message that does not
+    exist, and the sender's retry commits the key again under another message id:
+    two messages for one send (the Sentinel delivery soak, "another message id than
+    its ACK's"). With ``wait_replicas=1`` the read answers only what a replica holds."""
+    backend = await _open(own_redis_server.url, wait=1)
+    tenant = unique("t")
+    try:
+        await conversation(backend, tenant)
+        assert backend.delivery is not None
+        records = backend.delivery.records
+        c = committer(backend)
+        kept = await c.commit_send(send(tenant))
+        _pause(replica)
+        try:
+            with pytest.raises(Recoverable):  # on the primary only: no ACK
+                await c.commit_send(send(tenant))
+            with pytest.raises(StoreNotReplicated):  # nor a delivery of it
+                await records.records(tenant, "c1", [kept.seq, kept.seq + 1])
+        finally:
+            _resume(replica)
+        _wait_in_sync(own_redis_server.url, replica.url)
+        found = await records.records(tenant, "c1", [kept.seq, kept.seq + 1])
+        assert sorted(found) == [kept.seq, kept.seq + 1]  # replicated: read again
+    finally:
+        await backend.close()
+
+
 def _store(backend: Backend) -> RedisMessageStore:
     assert isinstance(backend.store, RedisMessageStore)
     return backend.store
