@@ -8,15 +8,25 @@ the mailbox entry away while the entry stayed acknowledged (on a Cluster: lost f
 good). Now an append the replicas did not acknowledge fails (StoreNotReplicated),
 the entry stays unacknowledged, and once the replica is back the relay delivers it
 and a failover keeps it.
+
+The relay's record read waits for the replicas too (a record only the primary holds
+is never delivered), so these tests cut the replica off right after that read
+(``_CutOffAfterRead``): the append that follows is the one applied on the primary
+alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
+
 import pytest
 
+from service.domain.delivery import DeliveryPorts, HistoryRecords
 from service.domain.errors import CursorExpired
 from service.domain.lane_marks import LaneMark, LaneMarks
 from service.domain.mailbox import LaneState, Mailbox, MailboxCursor
+from service.domain.model import MessageRecord
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import Lease
 from service.domain.relay_worker import PartitionWork
@@ -31,11 +41,42 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 __all__ = ["replica"]  # the fixture, used by name
 
 
+class _CutOffAfterRead(HistoryRecords):
+    """The relay's record read, then ``cut_off`` (the replica paused or promoted):
+    the window these tests need, since the read itself waits for the replicas (a
+    record the replicas lack is never delivered). An append in that window is
+    applied on the primary alone; what the mailbox side does about it is tested
+    here."""
+
+    def __init__(self, records: HistoryRecords, cut_off: Callable[[], None]) -> None:
+        self._records = records
+        self._cut_off: Callable[[], None] | None = cut_off
+
+    async def records(
+        self, tenant: str, conversation: str, seqs: Sequence[int]
+    ) -> dict[int, MessageRecord]:
+        found = await self._records.records(tenant, conversation, seqs)
+        cut_off, self._cut_off = self._cut_off, None
+        if cut_off is not None:
+            cut_off()
+        return found
+
+
+def _cut_off_after_read(backend: Backend, cut_off: Callable[[], None]) -> DeliveryPorts:
+    d = ports(backend)
+    return dataclasses.replace(d, records=_CutOffAfterRead(d.records, cut_off))
+
+
 async def _one_step_everywhere(
-    backend: Backend, clock: ManualClock, seen: Seen, marks: LaneMarks | None = None
+    backend: Backend,
+    clock: ManualClock,
+    seen: Seen,
+    marks: LaneMarks | None = None,
+    *,
+    delivery: DeliveryPorts | None = None,
 ) -> list[Lease]:
     """One relay step on every partition (claim and deliver, or fail)."""
-    d = ports(backend)
+    d = delivery or ports(backend)
     targets = Targets(d, backend.membership, POLICY.fanout_threshold)
     leases = []
     for partition in d.partitions.partitions():
@@ -61,10 +102,10 @@ async def test_no_outbox_entry_is_acknowledged_before_its_mailbox_writes_are_rep
     try:
         await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
         await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m0"))
-        _pause(replica)
         seen = Seen()
+        delivery = _cut_off_after_read(backend, lambda: _pause(replica))
         try:
-            leases = await _one_step_everywhere(backend, clock, seen)
+            leases = await _one_step_everywhere(backend, clock, seen, delivery=delivery)
             pending = [await ports(backend).partitions.oldest_pending_ms(x) for x in leases]
             assert any(p is not None for p in pending), "acknowledged, not replicated"
             assert seen.retried == 1 and seen.delivered == 0
@@ -111,8 +152,10 @@ async def test_a_lane_a_failover_moved_back_starts_a_new_epoch_so_no_applied_seq
         await drain(backend, "relay-a", clock, seen=seen, marks=marks)
         await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m1"))
         _wait_in_sync(own_redis_server.url, replica.url)  # the commits are on the replica
-        _promote(replica)  # cut off from the primary (a partition), then promoted
-        await _one_step_everywhere(backend, clock, seen, marks)
+        # the relay reads m1's record, then the replica is cut off from the primary
+        # (a partition) and promoted
+        delivery = _cut_off_after_read(backend, lambda: _promote(replica))
+        await _one_step_everywhere(backend, clock, seen, marks, delivery=delivery)
         assert seen.retried == 1, "the append of seq 2 was not replicated"
         page = await ports(backend).mailbox.sync(bob, MailboxCursor("inbox", 1, 1), 10, 1 << 20)
         assert page.entries == ()  # not on the replica: Sync does not serve it
@@ -157,10 +200,10 @@ async def test_sync_serves_no_entry_the_replicas_do_not_hold_yet(
     try:
         await backend.membership.create_conversation(tenant, "c1", ["alice", "bob"])
         await committer(backend, clock).commit_send(send(tenant, "c1", cmid="m0"))
-        _pause(replica)
+        delivery = _cut_off_after_read(backend, lambda: _pause(replica))
         try:
             seen = Seen()
-            await _one_step_everywhere(backend, clock, seen)
+            await _one_step_everywhere(backend, clock, seen, delivery=delivery)
             assert seen.retried == 1, "the append was not replicated, so not settled"
             (state,) = await ports(backend).mailbox.lane_state([bob])
             assert state.head == 1  # applied on the primary
