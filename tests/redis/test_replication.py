@@ -15,7 +15,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -234,66 +234,54 @@ async def test_with_wait_a_membership_change_waits_for_replicas(
         await backend.close()
 
 
-async def test_with_wait_history_shows_only_what_replicas_hold(
-    own_redis_server: RedisServer, replica: RedisServer
+async def _history_seqs(backend: Backend, tenant: str, seqs: Sequence[int]) -> list[int]:
+    page = await backend.store.history_page(HistoryQuery(tenant, "c1", "bob"))
+    return sorted(r.seq for r in page.records if r.seq in seqs)
+
+
+async def _relay_seqs(backend: Backend, tenant: str, seqs: Sequence[int]) -> list[int]:
+    assert backend.delivery is not None
+    return sorted(await backend.delivery.records.records(tenant, "c1", seqs))
+
+
+@pytest.mark.parametrize("read", [_history_seqs, _relay_seqs], ids=["history", "relay"])
+async def test_with_wait_reads_show_only_what_replicas_hold(
+    own_redis_server: RedisServer,
+    replica: RedisServer,
+    read: Callable[[Backend, str, Sequence[int]], Awaitable[list[int]]],
 ) -> None:
     """A send whose WAIT failed is on the primary alone: a failover can lose it and
-    give its seq to another message. A History page served from that primary (a paused
-    one that resumed before Sentinel demoted it) must not show it, or a device stores
-    a message that never existed and is later told a different one holds its seq (the
-    e2e nemesis, seed 3117: both devices of a user stuck on "two different messages
-    arrived for one conversation seq"). With ``wait_replicas=1`` the page is answered
-    only once a replica holds what it shows."""
-    backend = await _open(own_redis_server.url, wait=1)
-    tenant = unique("t")
-    query = HistoryQuery(tenant, "c1", "bob")
-    try:
-        await conversation(backend, tenant)
-        c = committer(backend)
-        kept = await c.commit_send(send(tenant))
-        _pause(replica)
-        try:
-            with pytest.raises(Recoverable):  # on the primary only: no ACK
-                await c.commit_send(send(tenant))
-            with pytest.raises(StoreNotReplicated):  # nor a page that shows it
-                await backend.store.history_page(query)
-        finally:
-            _resume(replica)
-        _wait_in_sync(own_redis_server.url, replica.url)
-        page = await backend.store.history_page(query)
-        assert kept.seq in [r.seq for r in page.records]  # replicated: answered again
-    finally:
-        await backend.close()
+    give its seq to another message. With ``wait_replicas=1`` a read answers only once
+    a replica holds what it shows.
 
+    History: a page served from that primary (a paused one that resumed before
+    Sentinel demoted it) showed it, so a device stored a message that never existed
+    and was later told a different one holds its seq (the e2e nemesis, seed 3117:
+    both devices of a user stuck on "two different messages arrived for one
+    conversation seq").
 
-async def test_with_wait_the_relay_reads_only_records_replicas_hold(
-    own_redis_server: RedisServer, replica: RedisServer
-) -> None:
-    """The relay plans a delivery from the record it reads. One read from a primary
-    alone (a send whose WAIT failed), then appended after a failover to the new
-    primary, which never had it, leaves a mailbox entry for a message that does not
-    exist, and the sender's retry commits the key again under another message id:
-    two messages for one send (the Sentinel delivery soak, "another message id than
-    its ACK's"). With ``wait_replicas=1`` the read answers only what a replica holds."""
+    Relay: it plans a delivery from the record it reads. One read from a primary
+    alone, appended after a failover to the new primary, which never had it, left a
+    mailbox entry for a message that does not exist while the sender's retry
+    committed the key again under another message id (the Sentinel delivery soak,
+    "another message id than its ACK's")."""
     backend = await _open(own_redis_server.url, wait=1)
     tenant = unique("t")
     try:
         await conversation(backend, tenant)
-        assert backend.delivery is not None
-        records = backend.delivery.records
         c = committer(backend)
         kept = await c.commit_send(send(tenant))
+        seqs = [kept.seq, kept.seq + 1]
         _pause(replica)
         try:
             with pytest.raises(Recoverable):  # on the primary only: no ACK
                 await c.commit_send(send(tenant))
-            with pytest.raises(StoreNotReplicated):  # nor a delivery of it
-                await records.records(tenant, "c1", [kept.seq, kept.seq + 1])
+            with pytest.raises(StoreNotReplicated):  # nor a read that shows it
+                await read(backend, tenant, seqs)
         finally:
             _resume(replica)
         _wait_in_sync(own_redis_server.url, replica.url)
-        found = await records.records(tenant, "c1", [kept.seq, kept.seq + 1])
-        assert sorted(found) == [kept.seq, kept.seq + 1]  # replicated: read again
+        assert await read(backend, tenant, seqs) == seqs  # replicated: answered again
     finally:
         await backend.close()
 
