@@ -38,6 +38,7 @@ from service.domain.model import Admission, HistoryQuery, ReserveCandidate, Rese
 from service.domain.ports import Backend
 from tests.redis.conftest import Wire
 from tests.servers.redis_server import RedisServer, open_initialised
+from tests.servers.redis_topologies import online_replicas
 from tests.support import committer, conversation, send, text, unique
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -57,9 +58,12 @@ def replica(own_redis_server: RedisServer) -> Iterator[RedisServer]:
 def _wait_in_sync(primary: str, replica: str, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     with Redis.from_url(primary) as p, Redis.from_url(replica) as r:
+        port = int(r.connection_pool.connection_kwargs["port"])
         while time.monotonic() < deadline:
             info, primary_info = r.info("replication"), p.info("replication")
-            linked = info.get("master_link_status") == "up" and primary_info["connected_slaves"]
+            # WAIT counts the replica only once its primary calls it online
+            online = port in online_replicas(primary_info)
+            linked = info.get("master_link_status") == "up" and online
             if linked and info.get("master_repl_offset") == primary_info["master_repl_offset"]:
                 return
             time.sleep(0.05)

@@ -271,6 +271,15 @@ def _follows(node: RedisNode, master_port: int) -> bool:
     )
 
 
+def online_replicas(master_info: dict[str, Any]) -> set[int]:
+    """The ports of the replicas a master's INFO replication lists as online."""
+    return {
+        int(entry["port"])
+        for key, entry in master_info.items()
+        if key.startswith("slave") and isinstance(entry, dict) and entry.get("state") == "online"
+    }
+
+
 class RedisClusterTopology:
     """A Redis Cluster: 3 masters + 3 replicas."""
 
@@ -300,16 +309,21 @@ class RedisClusterTopology:
         self.wait_replicas_linked()
 
     def wait_replicas_linked(self, timeout: float = FAILOVER_TIMEOUT_S) -> None:
-        """Until every replica's link to its master is up: a replica that never synced
-        would refuse to take over (its data would be too old)."""
+        """Until every replica's link to its master is up by both sides' account: a
+        replica that never synced would refuse to take over (its data would be too old),
+        and WAIT counts only the replicas its master calls online, which a replica's own
+        "link up" can precede by a second (the master waits for its first ACK)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            linked = 0
+            replicas: set[int] = set()
+            online: set[int] = set()
             for node in self.nodes:
                 with contextlib.suppress(Exception), node.client() as c:
                     info = c.info("replication")
-                    linked += info.get("role") == "slave" and info.get("master_link_status") == "up"
-            if linked == len(self.nodes) // 2:
+                    if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                        replicas.add(node.port)
+                    online |= online_replicas(info)
+            if len(replicas) == len(self.nodes) // 2 and replicas <= online:
                 return
             time.sleep(0.2)
         raise RuntimeError("the Redis Cluster replicas did not link up in time")
