@@ -39,6 +39,9 @@ from toolkit.ports import free_port
 MASTER_NAME = "mc"
 START_TIMEOUT_S = 20.0
 FAILOVER_TIMEOUT_S = 30.0
+DOWN_AFTER_MS = 2000
+"""Sentinel's ``down-after-milliseconds`` here. It reconnects a link at most once a
+second, so at 1000 a single failed connect after a switch made a node "down"."""
 # Sentinel's own periods are sized for production: it refreshes a replica's INFO every
 # 10 s and waits 4 publish periods (8 s) before it turns a returning old master into a
 # replica, so a rejoin took 14.5-15.6 s on an idle box and overran a 20 s wait on a
@@ -164,7 +167,7 @@ class SentinelTopology:
         self.replica.extra = ["--replicaof", "127.0.0.1", str(self.master.port)]
         conf = (
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
-            f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {MASTER_NAME} 5000\n"
             f"sentinel parallel-syncs {MASTER_NAME} 1\n"
         )
@@ -208,14 +211,18 @@ class SentinelTopology:
 
     def wait_replicated(self, timeout: float = START_TIMEOUT_S) -> None:
         """Until the Sentinels agree on a master and the other node, by its own account,
-        is its replica with the link up and no sync in progress. (The master's view is
-        not enough: it may call a replica online while the replica still serves what it
-        held before the sync.)"""
+        is its replica with the link up and no sync in progress, and the master lists it
+        online. (Neither view is enough alone: the master may call a replica online while
+        the replica still serves what it held before the sync, and the replica's "link
+        up" comes before the master counts it for WAIT.)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 master = self.current_master()
-                if all(_follows(n, master.port) for n in self.data_nodes if n is not master):
+                with master.client() as c:
+                    online = online_replicas(c.info("replication"))
+                others = [n for n in self.data_nodes if n is not master]
+                if all(_follows(n, master.port) and n.port in online for n in others):
                     return
             time.sleep(0.1)
         raise RuntimeError(f"the replica did not sync with the master in time: {self._roles()}")
@@ -249,10 +256,35 @@ class SentinelTopology:
         while time.monotonic() < deadline:
             with contextlib.suppress(RuntimeError):
                 port = self.master_port()
-                if port != old_port:
+                if port != old_port and self._settled_on(port):
                     return port
             time.sleep(0.1)
-        raise RuntimeError(f"no failover within {timeout:.0f}s")
+        raise RuntimeError(f"no failover within {timeout:.0f}s: {self._roles()}")
+
+    def _settled_on(self, port: int) -> bool:
+        """Every running Sentinel sees the master at ``port`` healthy: no failover in
+        progress, not subjectively down, its own INFO saying master, a recent ping
+        answered. Right after a switch each Sentinel opens new links to the nodes; one
+        whose first ping went unanswered for ``down-after-milliseconds`` could start a
+        second failover at once (its peers' "master down" replies about the old master
+        still count towards the quorum) and promote whichever node returns first, even
+        the old master with only what it alone had acknowledged."""
+        for s in self.sentinels:
+            if not s.running:
+                continue
+            try:
+                with s.client() as c:
+                    state = c.sentinel_master(MASTER_NAME)
+            except Exception:
+                return False
+            if (
+                state.get("port") != port
+                or state.get("flags") != "master"
+                or state.get("role-reported") != "master"
+                or state.get("last-ok-ping-reply", DOWN_AFTER_MS) >= DOWN_AFTER_MS // 2
+            ):
+                return False
+        return True
 
     def close(self) -> None:
         for node in (*self.sentinels, self.replica, self.master):
