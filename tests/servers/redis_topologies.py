@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from redis import Redis
+from redis.crc import key_slot
 
 from tests.servers.redis_server import RedisHarness, RedisServerMissing, _ping
 from toolkit.ports import free_port
@@ -312,6 +313,19 @@ def online_replicas(master_info: dict[str, Any]) -> set[int]:
     }
 
 
+def _own_slots(nodes: str) -> tuple[int, int] | None:
+    """The first slot range of the node that answered ``CLUSTER NODES`` (its "myself"
+    line; the nodes' announced addresses may be proxies), if it is a master with slots."""
+    for line in nodes.splitlines():
+        fields = line.split()
+        if len(fields) > 8 and "myself" in fields[2] and "master" in fields[2]:
+            for entry in fields[8:]:
+                if not entry.startswith("["):  # "[slot->-id]": a slot being migrated
+                    first, _, last = entry.partition("-")
+                    return int(first), int(last or first)
+    return None
+
+
 class RedisClusterTopology:
     """A Redis Cluster: 3 masters + 3 replicas."""
 
@@ -341,10 +355,14 @@ class RedisClusterTopology:
         self.wait_replicas_linked()
 
     def wait_replicas_linked(self, timeout: float = FAILOVER_TIMEOUT_S) -> None:
-        """Until every replica's link to its master is up by both sides' account: a
-        replica that never synced would refuse to take over (its data would be too old),
-        and WAIT counts only the replicas its master calls online, which a replica's own
-        "link up" can precede by a second (the master waits for its first ACK)."""
+        """Until every master's replica acknowledges a write of it: WAIT can be met.
+
+        Neither side's word is enough. A replica says "link up" before its master
+        counts it online, and after a diskless full sync a master calls its replica
+        online but starts the replica's command stream only on the replica's first ACK,
+        up to a second later: until then a WAIT on that master gets 0 (seen on 3 fresh
+        clusters of 15, with both sides reporting the link up and online). So each
+        master writes a probe key of one of its own slots and WAITs for one replica."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             replicas: set[int] = set()
@@ -355,10 +373,36 @@ class RedisClusterTopology:
                     if info.get("role") == "slave" and info.get("master_link_status") == "up":
                         replicas.add(node.port)
                     online |= online_replicas(info)
-            if len(replicas) == len(self.nodes) // 2 and replicas <= online:
+            linked = len(replicas) == len(self.nodes) // 2 and replicas <= online
+            if linked and self._every_master_replicates(deadline):
                 return
             time.sleep(0.2)
         raise RuntimeError("the Redis Cluster replicas did not link up in time")
+
+    def _every_master_replicates(self, deadline: float) -> bool:
+        """Each master's probe write acknowledged by a replica before ``deadline``."""
+        for node in self.nodes:
+            if not node.running:
+                continue
+            try:
+                with node.client() as c:
+                    slots = _own_slots(c.execute_command("CLUSTER", "NODES"))
+                    if slots is None:
+                        continue  # a replica, or a master without slots
+                    key = next(
+                        k
+                        for k in (f"topology-probe:{i}" for i in range(1_000_000))
+                        if slots[0] <= key_slot(k.encode()) <= slots[1]
+                    )
+                    wait_ms = max(1, min(2000, int((deadline - time.monotonic()) * 1000)))
+                    c.set(key, "1", px=60_000)
+                    acked = int(c.execute_command("WAIT", 1, wait_ms))
+                    c.delete(key)
+            except Exception:
+                return False
+            if acked < 1:
+                return False
+        return True
 
     def wait_ok(self, timeout: float = FAILOVER_TIMEOUT_S) -> None:
         """Until every running node reports cluster_state:ok."""
