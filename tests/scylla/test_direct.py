@@ -10,10 +10,11 @@ connection fails every request on it, also from a driver thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from cassandra import OperationTimedOut
@@ -79,6 +80,25 @@ def _call(session: CqlSession, name: str, *params: object) -> Call:
     return Call(((session._prepared[name], params),))
 
 
+@contextlib.contextmanager
+def _answers_held(session: CqlSession) -> Iterator[None]:
+    """No answer is read off the session's pooled connections inside, so a request's
+    timeout of 0 fires before its answer whatever the scheduling. Without this, an
+    answer can win: the loop reads a socket after the same iteration's sends, so a
+    thread stalled between the two (CI's load) reads a late answer of an earlier
+    request together with the new request's own."""
+    loop = asyncio.get_running_loop()
+    connections = [c for p in session._session._pools.values() for c in p._connections.values()]
+    for connection in connections:
+        loop.remove_reader(connection._fd)
+    try:
+        yield
+    finally:
+        for connection in connections:
+            if not connection.is_closed:
+                loop.add_reader(connection._fd, connection._on_readable)
+
+
 async def test_statements_and_batches_go_direct_and_read_back(cql: CqlSession) -> None:
     direct = _direct(cql)
     await cql.write("put", ("a", "b", 1, 10))
@@ -132,10 +152,11 @@ async def test_a_timed_out_request_orphans_its_stream_until_the_answer_comes(
     pool = next(iter(cql._session._pools.values()))
     (connection,) = pool._connections.values()
     idle = connection.in_flight
-    sent = direct.send(_call(cql, "put_new", "a", "b", 1, 1), 0.0)  # expires before any answer
-    assert sent is not None
-    with pytest.raises(OperationTimedOut):
-        await sent
+    with _answers_held(cql):  # expires before any answer
+        sent = direct.send(_call(cql, "put_new", "a", "b", 1, 1), 0.0)
+        assert sent is not None
+        with pytest.raises(OperationTimedOut):
+            await sent
     assert cql.events["direct_timeout"] == 1  # the backend's events: proof it ran
     assert len(connection.orphaned_request_ids) == 1  # the answer has not come yet
     for _ in range(200):  # the late answer frees the stream
@@ -149,11 +170,12 @@ async def test_a_timed_out_request_orphans_its_stream_until_the_answer_comes(
 
 
 async def test_a_timed_out_conditional_write_is_an_unknown_outcome(cql: CqlSession) -> None:
-    cql._timeout = 0.0  # every request expires before its answer can be read
-    with pytest.raises(StoreOutcomeUnknown):
-        await cql.cas("put_new", ("a", "b", 1, 1))
-    with pytest.raises(StoreUnavailable):
-        await cql.read("get", ("a", "b"))
+    cql._timeout = 0.0
+    with _answers_held(cql):  # every request expires before its answer can be read
+        with pytest.raises(StoreOutcomeUnknown):
+            await cql.cas("put_new", ("a", "b", 1, 1))
+        with pytest.raises(StoreUnavailable):
+            await cql.read("get", ("a", "b"))
 
 
 @pytest.mark.parametrize("from_thread", [False, True], ids=["on-the-loop", "from-a-thread"])
