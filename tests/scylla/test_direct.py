@@ -95,8 +95,7 @@ def _answers_held(session: CqlSession) -> Iterator[None]:
         yield
     finally:
         for connection in connections:
-            if not connection.is_closed:
-                loop.add_reader(connection._fd, connection._on_readable)
+            connection._attach()  # the reactor's own: skips a closed or defunct connection
 
 
 async def test_statements_and_batches_go_direct_and_read_back(cql: CqlSession) -> None:

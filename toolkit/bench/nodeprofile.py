@@ -96,17 +96,18 @@ def report(
     if total == 0:
         return ["no execution samples in the recording (was the node busy while it ran?)"]
     lines = [f"{total} samples" + (f", {total / ops:.4f} per op" if ops else "")]
-    unit = None  # the floor's samples per op, when both loads' op counts are known
+    in_floors: dict[str, str] = {}  # per category, when both loads' op counts are known
     if ops and floor and floor_ops:
-        unit = sum(floor.values()) / floor_ops
+        unit = sum(floor.values()) / floor_ops  # the floor's samples per op
         lines.append(f"the floor: {unit:.4f} samples per op; this load: "
                      f"{total / ops / unit:.2f} floors per op")  # fmt: skip
+        in_floors = {
+            name: f"  ({n / ops / unit:.2f} floors; the floor's own: "
+            f"{floor[name] / floor_ops / unit:.2f})"
+            for name, n in counts.items()
+        }
     for name, n in counts.most_common():
-        line = f"{100 * n / total:5.1f} %  {name}"
-        if unit is not None and ops and floor and floor_ops:
-            own = floor[name] / floor_ops / unit
-            line += f"  ({n / ops / unit:.2f} floors; the floor's own: {own:.2f})"
-        lines.append(line)
+        lines.append(f"{100 * n / total:5.1f} %  {name}{in_floors.get(name, '')}")
     return lines
 
 
