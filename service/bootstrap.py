@@ -27,8 +27,8 @@ from service.domain.faults import FaultPoints
 from service.domain.ports import Backend, Clock, OffsetClock, SystemClock
 from service.eventloop import running_loop_name
 from service.metrics import ServiceMetrics, instrument
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 from service.server import CommitServer
 from service.tracing import OFF, Tracing
 

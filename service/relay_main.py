@@ -7,7 +7,7 @@ Reads the same configuration as ``serve`` (``service.config``: flags, then
 (``MC_RELAY_*``, ``MC_FANOUT_THRESHOLD``, ``MC_MAILBOX_*``); settings only a
 server uses (the gRPC address, TLS, limits) are accepted and ignored. Any
 number of relays may run against one Redis or Scylla backend: they share the
-outbox partitions by leases (``service.relay``). On the memory backend,
+outbox partitions by leases (``service.relay_runner``). On the memory backend,
 whose data lives in one ``serve`` process, the relay runs inside ``serve``
 and this command refuses (exit 2).
 
@@ -40,8 +40,8 @@ from service.domain.ports import Clock
 from service.health import Readiness
 from service.httpside import HttpSide
 from service.metrics import backend_events
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 
 log = logging.getLogger("service.relay")
 PROG = "message-committer relay"

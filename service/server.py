@@ -7,7 +7,7 @@
   one StatusInterceptor;
 * the readiness probe that drives health, and the recovery loop;
 * on a backend whose data lives in this process (memory), the outbox relay
-  too (``service.relay``); on the others it is ``message-committer relay``;
+  too (``service.relay_runner``); on the others it is ``message-committer relay``;
 * the HTTP side port (/metrics, /healthz, /readyz);
 * the backend, which it closes last.
 
@@ -52,7 +52,7 @@ from service.health import ReadinessHealthServicer, ReadinessProbe
 from service.httpside import HttpSide
 from service.metrics import InstrumentedStore, ServiceMetrics
 from service.recovery import RecoveryLoop
-from service.relay import RelayRunner
+from service.relay_runner import RelayRunner
 from service.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

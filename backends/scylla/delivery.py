@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from backends.scylla import mailbox, outbox_log, relay
+from backends.scylla import mailbox, outbox_log, partitions
 from backends.scylla.codec import BODY_COLUMNS, history_record
 from backends.scylla.in_lists import read_in
 from backends.scylla.mailbox import ScyllaMailboxStore
-from backends.scylla.relay import ScyllaOutboxPartitions
+from backends.scylla.partitions import ScyllaOutboxPartitions
 from backends.scylla.schema import HISTORY_BUCKET
 from backends.scylla.session import CqlSession
 from service.domain.delivery import (
@@ -114,7 +114,7 @@ async def open_delivery(
 ) -> DeliveryPorts:
     """Prepare the delivery statements and build the ports."""
     await cql.prepare(
-        {**STATEMENTS, **mailbox.STATEMENTS, **outbox_log.STATEMENTS, **relay.STATEMENTS}
+        {**STATEMENTS, **mailbox.STATEMENTS, **outbox_log.STATEMENTS, **partitions.STATEMENTS}
     )
     return DeliveryPorts(
         mailbox=ScyllaMailboxStore(cql, settings.mailbox, clock),

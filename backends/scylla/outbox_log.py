@@ -6,11 +6,11 @@ in one partition), hour bucket of its position (a timeuuid), and notes the
 bucket in ``outbox_buckets`` once per process and hour. Rows have no TTL: an
 entry stays until it is delivered or dead-lettered, however long the relays
 are away; the relay removes whole hour buckets once every entry in them is
-settled and ``MC_RELAY_OUTBOX_RETENTION`` older (``backends.scylla.relay``).
+settled and ``MC_RELAY_OUTBOX_RETENTION`` older (``backends.scylla.partitions``).
 The release-1 / schema-2 ``outbox`` table (by day, its rows with the TTL
 their writers gave) is the partition ``scylla:legacy``.
 ``PartitionReader`` reads either kind in position order; the relay's leases
-are in ``backends.scylla.relay``.
+are in ``backends.scylla.partitions``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ history holds another message at its seq, its data is corrupt), or failed
 than the mailbox dedupe window (``TOO_OLD``: a lane may have held it and forgotten
 its id, so it is never appended again). A fenced write or a lost lease
 ends the work at once: another relay holds the partition now. Everything
-here is stdlib-only; the runner (``service.relay``) owns the timing, the
+here is stdlib-only; the runner (``service.relay_runner``) owns the timing, the
 leases and the tasks.
 """
 

@@ -41,7 +41,7 @@ from service.domain.relay import (
 )
 from service.domain.relay_worker import PartitionWork
 from service.domain.targets import Targets
-from service.relay import RelayRunner
+from service.relay_runner import RelayRunner
 
 POLICY = RelayPolicy(batch=50, lease_ms=10_000, fanout_threshold=1000, max_attempts=4)
 MAX_STEPS = 500

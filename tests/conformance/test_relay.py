@@ -23,8 +23,8 @@ from service.domain.ports import Backend, ManualClock
 from service.domain.relay import DeadLetter, RelayPolicy, Settlement, Verdict
 from service.domain.relay_worker import PartitionWork
 from service.domain.targets import Targets
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 from tests.conformance.harness import Harness
 from tests.conformance.relay_support import (
     POLICY,

@@ -22,8 +22,8 @@ from service.bootstrap import build_server
 from service.client import CommitClient
 from service.config import ServiceConfig
 from service.domain.ports import Backend
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 from tests.e2e.conftest import FAST_RETRY
 from tests.support import unique
 

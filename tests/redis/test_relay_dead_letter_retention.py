@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from service.domain.model import FrozenDeliveryInput, ReserveCandidate
 from service.domain.ports import Backend, ManualClock
 from service.domain.relay import RelayPolicy
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 from tests.conformance.relay_support import drain, ports
 from tests.servers.redis_server import RedisHarness
 from tests.support import committer, send, unique

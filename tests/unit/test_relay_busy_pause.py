@@ -15,8 +15,8 @@ from service import bootstrap, config
 from service.domain.mailbox import Mailbox
 from service.domain.ports import ManualClock
 from service.domain.relay_worker import PartitionWork, StepResult
-from service.relay import RelayRunner
 from service.relay_metrics import RelayMetrics
+from service.relay_runner import RelayRunner
 from tests.conformance.relay_support import POLICY, run_until_delivered
 from tests.support import committer, send, unique
 

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any, cast
 
 from backends.scylla.outbox_log import max_uuid_at, name_of
-from backends.scylla.relay import ScyllaOutboxPartitions, _Held
+from backends.scylla.partitions import ScyllaOutboxPartitions, _Held
 from backends.scylla.session import CqlSession
 from service.domain.model import OutboxEntry, OutboxPublication
 from service.domain.ports import ManualClock

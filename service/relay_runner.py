@@ -61,7 +61,7 @@ from service.domain.targets import Targets
 from service.relay_metrics import RelayMetrics
 from service.tasks import cancel_and_wait, wait_event
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.relay")  # the relay's one logger name, as relay_main's
 
 STOP_TIMEOUT_S = 5.0
 IDLE_SAFETY_S = 5.0
