@@ -82,7 +82,7 @@ def preference(owner: str, partition: str) -> bytes:
 
 
 @dataclass
-class _Held:
+class _Worker:
     work: PartitionWork
     task: asyncio.Task[None] | None = None
     active: bool = True
@@ -119,7 +119,7 @@ class RelayRunner:
         self._clock = clock or SystemClock()
         self.owner = owner or new_owner()
         self.faults = faults or FaultPoints()
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, _Worker] = {}
         self._stop = asyncio.Event()
         self._became_idle = asyncio.Event()
         self._turn = asyncio.Lock() if shares_loop else None
@@ -254,7 +254,7 @@ class RelayRunner:
         except InjectedCrash as crash:
             self._crash(crash)
             return
-        held = _Held(work)
+        held = _Worker(work)
         self._held[lease.partition] = held
         held.task = asyncio.create_task(self._work(held), name="relay-partition")
 
@@ -270,7 +270,7 @@ class RelayRunner:
 
     # --- one partition -----------------------------------------------------------
 
-    async def _work(self, held: _Held) -> None:
+    async def _work(self, held: _Worker) -> None:
         work = held.work
         quiet = 0  # steps in a row that found nothing
         try:
@@ -327,7 +327,7 @@ class RelayRunner:
             await asyncio.sleep(0)
         return result
 
-    def _drop(self, held: _Held) -> None:
+    def _drop(self, held: _Worker) -> None:
         held.active = False
         name = held.work.lease.partition
         if self._held.get(name) is held:
@@ -340,7 +340,7 @@ class RelayRunner:
     async def _pause(self, seconds: float) -> None:
         await wait_event(self._stop, seconds)
 
-    async def _idle(self, held: _Held) -> None:
+    async def _idle(self, held: _Worker) -> None:
         """Wait for the doorbell to name this partition (a safety look every
         ``IDLE_SAFETY_S`` in case a ring was missed), or poll every ``idle_wait``."""
         if not self._ports.partitions.has_doorbell:

@@ -128,7 +128,7 @@ class SettledWindow:
 
 
 @dataclass
-class _Held:
+class _HeldLease:
     """What this process knows of one partition it holds (never durable)."""
 
     token: int
@@ -165,7 +165,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
         self._clock = clock
         self._settle_ms = settle_window_ms
         self._reader = PartitionReader(cql, self._ns)
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, _HeldLease] = {}
         self._names = (LEGACY, *(name_of(n) for n in range(PARTITIONS)))
 
     def partitions(self) -> tuple[str, ...]:
@@ -215,10 +215,10 @@ class ScyllaOutboxPartitions(OutboxPartitions):
         *,
         taken: bool = True,
     ) -> Lease:
-        self._held[partition] = _Held(token, self._clock.now_ms(), acked, retries)
+        self._held[partition] = _HeldLease(token, self._clock.now_ms(), acked, retries)
         return Lease(partition, owner, token, until, taken_over=taken)
 
-    def _mine(self, lease: Lease) -> _Held:
+    def _mine(self, lease: Lease) -> _HeldLease:
         held = self._held.get(lease.partition)
         if held is None or held.token != lease.token:
             raise LeaseLost("another relay holds a newer lease on this partition")
@@ -232,10 +232,10 @@ class ScyllaOutboxPartitions(OutboxPartitions):
             "rl.renew", (0, self._ns, self._check(lease.partition), lease.token, lease.owner)
         )
 
-    def _entry(self, held: _Held, row: Row) -> PartitionEntry:
+    def _entry(self, held: _HeldLease, row: Row) -> PartitionEntry:
         return PartitionEntry(row_entry(row), _attempts(held.retries.get(row["position"], "")))
 
-    def _again(self, held: _Held, position: uuid.UUID) -> PartitionEntry:
+    def _again(self, held: _HeldLease, position: uuid.UUID) -> PartitionEntry:
         entry = held.sending[position].entry
         return PartitionEntry(entry, _attempts(held.retries.get(position, "")))
 
@@ -276,7 +276,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
             await self._fence(lease)
         return [held.sending[r["position"]] for r in rows]
 
-    async def _sweep(self, held: _Held, partition: str, limit: int) -> list[Row]:
+    async def _sweep(self, held: _HeldLease, partition: str, limit: int) -> list[Row]:
         """The window after ``acked_ms`` up to ``high`` again: the entries that landed
         late (at most ``limit``, oldest first), and how far ``covered_ms`` may move."""
         began = self._clock.now_ms()
@@ -359,7 +359,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
             held.acked_ms = acked
             await self._prune(held, lease.partition)
 
-    async def _prune(self, held: _Held, partition: str) -> None:
+    async def _prune(self, held: _HeldLease, partition: str) -> None:
         """Delete the hour buckets that end ``MC_RELAY_OUTBOX_RETENTION`` before
         ``acked_ms``: every entry in them is settled (delivered or dead-lettered)."""
         below = (held.acked_ms - self._retention_ms) // HOUR_MS
@@ -373,7 +373,7 @@ class ScyllaOutboxPartitions(OutboxPartitions):
         if len(rows) < PRUNE_BUCKETS:
             held.pruned = below
 
-    def _ack_point(self, held: _Held, done: set[uuid.UUID]) -> int:
+    def _ack_point(self, held: _HeldLease, done: set[uuid.UUID]) -> int:
         """How far ``acked_ms`` may move once ``done`` is settled."""
         bound = min(held.covered_ms, time_ms(held.high) - 1)
         if not held.reconciled:

@@ -17,7 +17,7 @@ mark_committed              compact ``IF state = 'outboxed' AND message_id = ? A
                             pub_stream = ? AND pub_position = ?`` (LWT, TTL = the
                             idempotency window); then one batch: the record with
                             its expiry, the retention schedule, the pin, the
-                            recovery entries (``queue.py``)
+                            recovery entries (``recovery_queue.py``)
 ==========================  =======================================================
 
 The steps skip re-reading an intent this store wrote or read back
@@ -64,8 +64,8 @@ from backends.scylla.codec import (
 from backends.scylla.commits import INTENT_COLUMNS, QUEUE_COLUMNS, CommitRows, key_of
 from backends.scylla.history import History, pin_removal, pin_write
 from backends.scylla.known import Known
-from backends.scylla.queue import RecoveryQueue
 from backends.scylla.recovery import Entry, RecoveryIndex
+from backends.scylla.recovery_queue import RecoveryQueue
 from backends.scylla.sequence import SeqAllocator, claim
 from backends.scylla.session import CqlSession, Params
 from service.domain.errors import (
@@ -428,7 +428,7 @@ class ScyllaMessageStore(MessageStore):
             quarantined=known is not None and known.quarantined,
         )  # fmt: skip
 
-    # --- the recovery queue (queue.py) ---------------------------------------------------
+    # --- the recovery queue (recovery_queue.py) ------------------------------------------
 
     async def scan_recoverable_commits(
         self, older_than_ms: int, max_items: int

@@ -20,7 +20,7 @@ STORE = "backends.scylla.store"
 SEQUENCE = "backends.scylla.sequence"
 MEMBERS = "backends.scylla.members"
 HISTORY = "backends.scylla.history"
-QUEUE = "backends.scylla.queue"
+QUEUE = "backends.scylla.recovery_queue"
 COMMITS = "backends.scylla.commits"
 
 

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any, cast
 
 from backends.scylla.outbox_log import max_uuid_at, name_of
-from backends.scylla.partitions import ScyllaOutboxPartitions, _Held
+from backends.scylla.partitions import ScyllaOutboxPartitions, _HeldLease
 from backends.scylla.session import CqlSession
 from service.domain.model import OutboxEntry, OutboxPublication
 from service.domain.ports import ManualClock
@@ -76,7 +76,7 @@ async def test_a_settle_costs_the_same_with_a_full_settle_window() -> None:
     parts = ScyllaOutboxPartitions(cast(CqlSession, cql), "ns", clock, settle_window_ms=WINDOW_MS)
     partition = name_of(0)
     positions = [max_uuid_at(base + n) for n in range(ENTRIES)]
-    held = _Held(token=1, started_ms=base, acked_ms=base - 1, reconciled=True)
+    held = _HeldLease(token=1, started_ms=base, acked_ms=base - 1, reconciled=True)
     parts._held[partition] = held
     lease = Lease(partition, "relay-a", 1, base + 3_600_000)
     counts = {}
