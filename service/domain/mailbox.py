@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from service.domain import membership
 from service.domain.errors import CursorExpired, InvalidRequest
@@ -146,14 +146,19 @@ class MailboxItem:
 
     record: MessageRecord
     membership_version: int = UNKNOWN_VERSION
+    _size: int = field(default=-1, init=False, repr=False, compare=False)
 
     @property
     def message_id(self) -> str:
         return self.record.message_id
 
     def size_bytes(self) -> int:
-        """What its entry will weigh (``MailboxEntry.size_bytes``)."""
-        return ENTRY_OVERHEAD_BYTES + self.record.size_bytes()
+        """What its entry will weigh (``MailboxEntry.size_bytes``). Weighed once, when
+        first asked: the relay shares one item among a message's mailboxes and
+        ``split_group`` weighs it for each (64 times a message of a 64-member group)."""
+        if self._size < 0:
+            object.__setattr__(self, "_size", ENTRY_OVERHEAD_BYTES + self.record.size_bytes())
+        return self._size
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +234,8 @@ def split_group(items: Sequence[MailboxItem]) -> list[tuple[MailboxItem, ...]]:
     at most ``MAX_GROUP_ENTRIES`` entries and ``MAX_GROUP_BYTES`` bytes; an item
     bigger than that alone is a group of its own. The one rule for how big a
     group may be: the relay appends each part as one group."""
+    if len(items) == 1:  # most relay steps give a mailbox one item: nothing to weigh
+        return [(items[0],)]
     parts: list[tuple[MailboxItem, ...]] = []
     current: list[MailboxItem] = []
     used = 0

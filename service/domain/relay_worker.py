@@ -490,8 +490,9 @@ class PartitionWork:
         error: nothing after a failed group is written to that mailbox)."""
         items: defaultdict[Mailbox, list[MailboxItem]] = defaultdict(list)
         for plan in sorted(plans, key=lambda p: (p.record.conversation, p.record.seq)):
+            item = MailboxItem(plan.record, plan.lane_version)  # immutable: one per plan
             for mailbox in plan.mailboxes:
-                items[mailbox].append(MailboxItem(plan.record, plan.lane_version))
+                items[mailbox].append(item)
         parts = {m: split_group(i) for m, i in items.items()}
         rounds = max((len(p) for p in parts.values()), default=0)
         requests = [

@@ -67,7 +67,7 @@ class Mode:
 
 _REPLAY = '            self._observer.outcome("replayed")\n'
 _REPLAYED = "__import__('dataclasses').replace({0}, seq={0}.seq + 1)  # nemesis --sabotage"
-_ITEMS = "                items[mailbox]"
+_ITEM = "            item = MailboxItem("
 MODES: dict[str, Mode] = {
     "identity": Mode(
         "every stored identity matches: a conflicting request gets the original ACK",
@@ -178,14 +178,13 @@ MODES: dict[str, Mode] = {
         (
             Edit(
                 "service/domain/relay_worker.py",
-                f"{_ITEMS}.append(MailboxItem(plan.record, plan.lane_version))\n",
-                "                record = plan.record  # nemesis --sabotage coordinates\n"
-                "                if __import__('zlib').crc32(record.message_id.encode()) % 8 == 3:"
-                "\n"
-                "                    record = __import__('dataclasses').replace(\n"
-                "                        record, seq=record.seq + 1_000_000\n"
-                "                    )\n"
-                f"{_ITEMS}.append(MailboxItem(record, plan.lane_version))\n",
+                f"{_ITEM}plan.record, plan.lane_version)",
+                "            record = plan.record  # nemesis --sabotage coordinates\n"
+                "            if __import__('zlib').crc32(record.message_id.encode()) % 8 == 3:\n"
+                "                record = __import__('dataclasses').replace(\n"
+                "                    record, seq=record.seq + 1_000_000\n"
+                "                )\n"
+                f"{_ITEM}record, plan.lane_version)",
             ),
         ),
     ),
