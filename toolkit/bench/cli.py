@@ -34,9 +34,10 @@ from typing import Any
 from service import eventloop
 from service.config import EVENT_LOOPS, StartupError, parse_replicas
 from toolkit.bench import loops
+from toolkit.bench.document import to_json
 from toolkit.bench.driver import BenchError, ClientPool
 from toolkit.bench.environment import BackendAddress, Environment, run_tag
-from toolkit.bench.report import BackendReport, backend_text, machine, merge_reports, to_json
+from toolkit.bench.report import BackendReport, backend_text, machine, merge_reports
 from toolkit.bench.runner import BackendBench, Progress
 from toolkit.bench.targets import check_targets, targets_text
 from toolkit.bench.workloads import Kind, Population

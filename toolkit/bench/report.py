@@ -1,4 +1,4 @@
-"""Figures, ratios, targets, the printed table and the JSON file.
+"""Figures, ratios and the printed table (the JSON file: ``toolkit.bench.document``).
 
 Every figure is computed from one run. Throughput (``ops/s``) counts calls
 that got their expected outcome, over the wall time from the common start
@@ -9,7 +9,6 @@ divided by the ops; it includes the membership read every send makes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import platform
@@ -17,17 +16,13 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolkit.bench.driver import PhaseResult
 from toolkit.bench.slope import Slope
 from toolkit.bench.slope import shape as slope_shape
 from toolkit.bench.slope import text as slope_text
 
-if TYPE_CHECKING:
-    from toolkit.bench.targets import TargetCheck
-
-SCHEMA = "message-committer-bench/1"
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9))
 
 
@@ -361,32 +356,4 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "loadavg_at_start": list(os.getloadavg()),
-    }
-
-
-def to_json(
-    settings: dict[str, Any],
-    reports: dict[str, BackendReport],
-    checks: Sequence[TargetCheck],
-    machine_info: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "machine": machine_info,
-        "settings": settings,
-        "backends": {
-            name: {
-                "backend": r.backend,
-                "server": r.server,
-                "phases": {k: dataclasses.asdict(p) for k, p in r.phases.items()},
-                "ratios": r.ratios(),
-                "cpu_ratios": r.cpu_ratios(),
-                "redis_record": r.redis_record,
-                "footprint": r.footprint,
-                "slope": dataclasses.asdict(r.slope) if r.slope is not None else None,
-                "notes": r.notes,
-            }
-            for name, r in reports.items()
-        },
-        "targets": [dataclasses.asdict(c) for c in checks],
     }
