@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 
-from backends.memory.delivery import DeliveryState, PartitionState
+from backends.memory.delivery_state import DeliveryState, PartitionState
 from backends.memory.outbox_log import NAMES, OutboxLog
 from backends.memory.state import MemoryState
 from service.domain.delivery import DeadLetterTrim, DeliverySettings, OutboxPartitions

@@ -5,8 +5,8 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from backends.memory.delivery_state import DeliveryState
 from backends.memory.outbox_log import OutboxLog
 from service.domain.membership import Intervals
 from service.domain.model import (
@@ -16,9 +16,6 @@ from service.domain.model import (
     MessageRecord,
     OutboxPublication,
 )
-
-if TYPE_CHECKING:
-    from backends.memory.delivery import DeliveryState
 
 Key3 = tuple[str, str, str]
 ConvKey = tuple[str, str]
@@ -134,10 +131,4 @@ class MemoryState:
     commit_expiry: deque[tuple[int, Key3]] = field(default_factory=deque)
     history_expiry: deque[tuple[int, ConvKey, int]] = field(default_factory=deque)
     outbox: OutboxLog = field(default_factory=OutboxLog)
-    delivery: DeliveryState = field(default_factory=lambda: _delivery_state())
-
-
-def _delivery_state() -> DeliveryState:
-    from backends.memory.delivery import DeliveryState
-
-    return DeliveryState()
+    delivery: DeliveryState = field(default_factory=DeliveryState)
