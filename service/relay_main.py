@@ -40,10 +40,10 @@ from service.domain.ports import Clock
 from service.health import Readiness
 from service.httpside import HttpSide
 from service.metrics import backend_events
-from service.relay_metrics import RelayMetrics
+from service.relay_metrics import RELAY_LOGGER, RelayMetrics
 from service.relay_runner import RelayRunner
 
-log = logging.getLogger("service.relay")
+log = logging.getLogger(RELAY_LOGGER)
 PROG = "message-committer relay"
 
 

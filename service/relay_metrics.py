@@ -50,7 +50,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from service.domain.lane_marks import LaneMark
 from service.domain.relay import Verdict
 
-log = logging.getLogger("service.relay")
+RELAY_LOGGER = "service.relay"
+"""The one logger name of the relay (runner, process, metrics): operators filter on it."""
+
+log = logging.getLogger(RELAY_LOGGER)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

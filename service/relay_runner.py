@@ -58,10 +58,10 @@ from service.domain.ports import Backend, Clock, SystemClock
 from service.domain.relay import Lease, RelayPolicy
 from service.domain.relay_worker import PartitionWork, StepResult
 from service.domain.targets import Targets
-from service.relay_metrics import RelayMetrics
+from service.relay_metrics import RELAY_LOGGER, RelayMetrics
 from service.tasks import cancel_and_wait, wait_event
 
-log = logging.getLogger("service.relay")  # the relay's one logger name, as relay_main's
+log = logging.getLogger(RELAY_LOGGER)
 
 STOP_TIMEOUT_S = 5.0
 IDLE_SAFETY_S = 5.0
