@@ -255,6 +255,7 @@ class InstrumentedStore(MessageStore):
         self._children: dict[str, Histogram] = {}  # labels() per call is a lock + dict
         self.atomic_publish_commit = inner.atomic_publish_commit
         self.admits_in_reserve = inner.admits_in_reserve
+        self.reads_before_admission = inner.reads_before_admission
 
     def _timer(self, operation: str) -> _Timer:
         child = self._children.get(operation)

@@ -331,6 +331,9 @@ class TracedOutbox(Outbox):
     def _span(self, operation: str) -> AbstractContextManager[object]:
         return self._tracing.span("Outbox." + operation, operation, self._backend)
 
+    def underlying(self) -> Outbox:
+        return self._inner.underlying()
+
     async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
         with self._span("publish"):
             return await self._inner.publish(intent, sent)

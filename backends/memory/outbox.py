@@ -21,7 +21,12 @@ class MemoryOutbox(Outbox):
         self._state = state
         self._clock = clock or SystemClock()
 
-    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+    @property
+    def state(self) -> MemoryState:
+        return self._state
+
+    def append(self, intent: CommitIntent) -> OutboxPublication:
+        """Publish without an await (the store's pipelined commit calls this)."""
         log = self._state.outbox
         position = log.next_position()
         publication = OutboxPublication(STREAM, str(position))
@@ -39,6 +44,10 @@ class MemoryOutbox(Outbox):
                 self._clock.now_ms(),
             ),
         )
+        return publication
+
+    async def publish(self, intent: CommitIntent, sent: Hook | None = None) -> OutboxPublication:
+        publication = self.append(intent)
         if sent is not None:
             sent()
         return publication

@@ -8,7 +8,9 @@ from dataclasses import replace
 from typing import Literal
 
 from backends.memory.members import MemoryMembershipStore
+from backends.memory.outbox import MemoryOutbox
 from backends.memory.state import Commit, Key3, MemoryState, QueueEntry
+from service.domain import membership as rules
 from service.domain.errors import StoreConflict, StoreInvalid
 from service.domain.history import build_page, reader_of
 from service.domain.identity import as_digest
@@ -17,6 +19,7 @@ from service.domain.model import (
     Abandoned,
     Abandonment,
     AbandonOutcome,
+    Admission,
     AuthenticatedSend,
     CommitIntent,
     CommitState,
@@ -36,7 +39,7 @@ from service.domain.model import (
     Reserved,
     ReserveResult,
 )
-from service.domain.ports import Clock, Hook, MessageStore, StoredCommit, StoreSettings
+from service.domain.ports import Clock, Hook, MessageStore, Outbox, StoredCommit, StoreSettings
 
 
 def _k(key: CommitKey) -> Key3:
@@ -90,7 +93,35 @@ class MemoryMessageStore(MessageStore):
         delivery: FrozenDeliveryInput,
         candidate: ReserveCandidate,
     ) -> ReserveResult:
+        result = self._reserve(request, delivery, candidate, admit=False)
+        assert not isinstance(result, Admission) and result is not None
+        return result
+
+    admits_in_reserve = True
+
+    async def reserve_admitted(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+    ) -> ReserveResult | Admission | None:
+        return self._reserve(request, delivery, candidate, admit=True)
+
+    def _reserve(
+        self,
+        request: AuthenticatedSend,
+        delivery: FrozenDeliveryInput | None,
+        candidate: ReserveCandidate,
+        *,
+        admit: bool,
+    ) -> ReserveResult | Admission | None:
+        """Reserve; with ``admit``, the sender's admission is decided after the
+        key's stored state and before anything is written (a refusal writes
+        nothing). ``delivery`` None: frozen at the version read here."""
         self._sweep()
+        conv = self.state.conversations.get((request.tenant, request.conversation))
+        if conv is None and admit:
+            return None  # as the admission lookup answers it, before any key
         key = _k(request.key)
         existing = self.state.commits.get(key)
         if existing is not None:
@@ -102,7 +133,10 @@ class MemoryMessageStore(MessageStore):
                 return Committed(existing.committed)
             assert existing.intent is not None
             return InProgress(existing.intent)
-        conv = self._members.conversation(request.tenant, request.conversation)
+        if conv is None:
+            conv = self._members.conversation(request.tenant, request.conversation)  # raises
+        if admit and not rules.is_member(conv.intervals.get(request.sender, ())):
+            return Admission(conv.version, False)
         conv.last_seq += 1
         conv.pin(conv.last_seq)
         now = self._clock.now_ms()
@@ -111,7 +145,7 @@ class MemoryMessageStore(MessageStore):
             key=request.key,
             identity=identity,
             record=request.record_at(conv.last_seq, candidate),
-            delivery=delivery,
+            delivery=delivery or FrozenDeliveryInput.at_version(conv.version),
             state=CommitState.RESERVED,
             created_at_ms=now,
         )
@@ -136,13 +170,17 @@ class MemoryMessageStore(MessageStore):
         stored = self._unfinished(intent)
         if stored.intent is None or stored.intent.state is not CommitState.RESERVED:
             return  # already recorded: retry-safe
-        record = stored.intent.record
+        self._record(stored, stored.intent)
+
+    def _record(self, stored: Commit, intent: CommitIntent) -> None:
+        """RESERVED → RECORDED: the record into history (once)."""
+        record = intent.record
         conv = self._members.conversation(record.tenant, record.conversation)
         if record.seq not in conv.history:
             bisect.insort(conv.seqs, record.seq)
             conv.history[record.seq] = record
-            conv.reading_versions[record.seq] = stored.intent.delivery.reading_version
-        stored.intent = stored.intent.advanced(CommitState.RECORDED)
+            conv.reading_versions[record.seq] = intent.delivery.reading_version
+        stored.intent = intent.advanced(CommitState.RECORDED)
 
     def _has_record(self, intent: CommitIntent) -> bool:
         r = intent.record
@@ -196,6 +234,37 @@ class MemoryMessageStore(MessageStore):
         assert stored.intent is not None
         if stored.publication is None or not self._has_record(stored.intent):
             raise StoreConflict("record and publication must both be recorded first")
+        return self._commit(stored)
+
+    # --- a fresh commit's last three steps without an await between them ----------
+
+    def pipelines_with(self, outbox: Outbox) -> bool:
+        """With this state's own outbox (under tracing's wrapper; not another state's)."""
+        outbox = outbox.underlying()
+        return isinstance(outbox, MemoryOutbox) and outbox.state is self.state
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        """put_record, the outbox append and the commit mark, the first ``steps``
+        of them, in one call. Each step is the one the steps path takes; only a
+        RESERVED intent is taken (else StoreConflict, nothing written: the
+        committer re-reads and goes on from the stored state)."""
+        if not self.pipelines_with(outbox) or not 1 <= steps <= 3:
+            raise StoreInvalid("this outbox cannot be pipelined with this store")
+        outbox = outbox.underlying()
+        assert isinstance(outbox, MemoryOutbox)
+        self._sweep()
+        stored = self._unfinished(intent)
+        if stored.intent is None or stored.intent.state is not CommitState.RESERVED:
+            raise StoreConflict("the intent is past RESERVED")
+        self._record(stored, stored.intent)
+        if steps == 1:
+            return None
+        publication = outbox.append(stored.intent)
+        if steps == 2:
+            return None
+        stored.publication = publication
         return self._commit(stored)
 
     def _commit(self, stored: Commit) -> CommittedMessage:

@@ -362,8 +362,9 @@ class RedisMessageStore(MessageStore):
 
     def pipelines_with(self, outbox: Outbox) -> bool:
         """Only with this deployment's own outbox streams, and not on a Cluster
-        (its commits also expire the key's pointer in another slot)."""
-        link = self._calls.link
+        (its commits also expire the key's pointer in another slot). Tracing's
+        wrapper is looked through."""
+        link, outbox = self._calls.link, outbox.underlying()
         return not link.cluster and isinstance(outbox, RedisOutbox) and outbox.link is link
 
     async def finish_pipelined(
@@ -372,6 +373,7 @@ class RedisMessageStore(MessageStore):
         """put_record, outbox_append and commit (mode 'po'), each its own script,
         sent in one pipeline: each checks the state the one before leaves, so a
         step refused leaves RESERVED or RECORDED and the later ones refuse too."""
+        outbox = outbox.underlying()
         if not isinstance(outbox, RedisOutbox) or not 1 <= steps <= 3:
             raise StoreInvalid("this outbox cannot be pipelined with this store")
         keys, args = self._intent_args(intent)

@@ -191,6 +191,8 @@ class ScyllaMessageStore(MessageStore):
 
     # --- reserve -------------------------------------------------------------------
 
+    reads_before_admission = True
+
     async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
         """Reserve's first read, done before admission: a committed, unfinished or
         conflicting key is answered from it (a replay costs this one read); for a

@@ -316,6 +316,8 @@ class MessageCommitter:
 
     async def _before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
         """What the store already knows of this key before admission (usually nothing)."""
+        if not self._store.reads_before_admission:
+            return None
         try:
             return await self._store.before_admission(request)
         except StoreError as exc:

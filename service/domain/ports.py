@@ -219,6 +219,10 @@ class MessageStore(abc.ABC):
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         """Read whatever is stored for ``key`` (expired committed records: None)."""
 
+    reads_before_admission: bool = False
+    """True when ``before_admission`` reads the store; the committer does not call
+    it otherwise (its answer would be None, and the call costs a timed step)."""
+
     async def before_admission(self, request: AuthenticatedSend) -> LoadedCommit | None:
         """The key's state for ``request`` when the backend reads it before reserve
         anyway; the committer then answers a replay, a conflict or an unfinished
@@ -392,6 +396,12 @@ class Outbox(abc.ABC):
     @abc.abstractmethod
     async def readiness(self) -> None:
         """Touch the real dependency; raise StoreUnavailable when it fails."""
+
+    def underlying(self) -> Outbox:
+        """The outbox doing the work: this one, or the one a pass-through wrapper
+        (tracing) wraps. A store pipelines with that one (``pipelines_with``), so
+        turning tracing on does not change what a commit sends."""
+        return self
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """``python -m tests.e2e.slow_serve serve ...``: the real CLI on a slow memory backend.
 
-Identical to ``message-committer`` except that ``put_record`` takes
-``SLOW_S`` seconds in conversation "slow", so a test can have an RPC in
-flight when it sends SIGTERM.
+Identical to ``message-committer`` except that writing the record (``put_record``,
+or the pipelined finish that starts with it) takes ``SLOW_S`` seconds in
+conversation "slow", so a test can have an RPC in flight when it sends SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,20 +14,30 @@ from typing import Any
 import backends.memory as memory
 from backends.memory.members import MemoryMembershipStore
 from service.cli import main
-from service.domain.model import CommitIntent
-from service.domain.ports import Backend
+from service.domain.model import CommitIntent, CommittedMessage
+from service.domain.ports import Backend, Outbox
 
 SLOW_S = 1.5
-STARTED = "slow put_record: started"
-"""Written to stderr (the process log) as the slow ``put_record`` begins."""
+STARTED = "slow record write: started"
+"""Written to stderr (the process log) as the slow record write begins."""
+
+
+async def _slow(intent: CommitIntent) -> None:
+    if intent.conversation == "slow":
+        print(STARTED, file=sys.stderr, flush=True)
+        await asyncio.sleep(SLOW_S)
 
 
 class SlowStore(memory.MemoryMessageStore):
     async def put_record(self, intent: CommitIntent) -> None:
-        if intent.conversation == "slow":
-            print(STARTED, file=sys.stderr, flush=True)
-            await asyncio.sleep(SLOW_S)
+        await _slow(intent)
         await super().put_record(intent)
+
+    async def finish_pipelined(
+        self, intent: CommitIntent, outbox: Outbox, steps: int = 3
+    ) -> CommittedMessage | None:
+        await _slow(intent)
+        return await super().finish_pipelined(intent, outbox, steps)
 
 
 def open_slow_backend(*args: Any, **kwargs: Any) -> Backend:

@@ -88,7 +88,7 @@ async def test_sigterm_turns_health_not_serving_and_lets_in_flight_rpcs_finish()
                 in_flight = asyncio.create_task(
                     client.commit(send("t1", "slow", sender="alice", cmid="late"))
                 )
-                await _logged(process, STARTED)  # the commit is inside the slow put_record
+                await _logged(process, STARTED)  # the commit is inside the slow record write
                 process.process.terminate()
                 status = (await asyncio.wait_for(anext(stream), 5)).status
                 assert status == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -27,8 +27,10 @@ class Gated:
         self.gate = asyncio.Event()
         self.calls = 0
         self.reserved = 0
-        self._original: Callable[..., Awaitable[ReserveResult]] = backend.store.reserve
-        backend.store.reserve = self._reserve  # type: ignore[method-assign,assignment]
+        store = backend.store
+        name = "reserve_admitted" if store.admits_in_reserve else "reserve"
+        self._original: Callable[..., Awaitable[ReserveResult]] = getattr(store, name)
+        setattr(store, name, self._reserve)
 
     async def _reserve(self, *args: Any) -> ReserveResult:
         self.calls += 1

@@ -38,11 +38,14 @@ from toolkit.campaign.faulty import CallFault, FaultyStore
 
 
 class TwoStepStore(MemoryMessageStore):
-    """The memory store without its atomic step: the port's default path, which
-    records every intent ``mark_committed`` is given."""
+    """The memory store without its atomic step, its pipelined finish or its
+    admission inside reserve: the port's default path, which records every intent
+    ``mark_committed`` is given."""
 
     atomic_publish_commit = False
+    admits_in_reserve = False
     mark_published_and_committed = MessageStore.mark_published_and_committed
+    pipelines_with = MessageStore.pipelines_with
 
     def __init__(self, backend: Backend) -> None:
         memory = backend.store

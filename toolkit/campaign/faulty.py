@@ -91,6 +91,7 @@ class FaultyStore(MessageStore):
     def __init__(self, inner: MessageStore, hang_s: float = 0.01) -> None:
         self.inner = inner
         self.atomic_publish_commit = inner.atomic_publish_commit
+        self.reads_before_admission = inner.reads_before_admission
         self.faults = _Faults(hang_s)
         self.poisoned: set[CommitKey] = set()
         self.pipelined: Counter[int] = Counter()
