@@ -3,7 +3,10 @@
 Everything lives in one ``MemoryState`` held by the process; a restart of
 the process loses it all. Each operation runs without awaiting in between,
 so on one event loop every transition is atomic, including
-``mark_published_and_committed``. Its clock plays the server's clock: it
+``mark_published_and_committed``. Like Redis, it decides admission inside
+reserve and finishes a fresh commit (put_record, the outbox append, the commit
+mark) in one call, ``finish_pipelined``: two store calls per fresh commit, one
+per replay (issue 27). Its clock plays the server's clock: it
 decides expiry, windows and retention, as Redis's TIME does for Redis.
 
 Layout (every map is keyed by tuples, so ids never collide across tenants):
