@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import pytest
+
 from service.domain.committer import MessageCommitter
+from service.domain.errors import ConversationNotFound, NotAMember
 from service.domain.limits import CommitLimits
 from service.domain.model import (
     AuthenticatedSend,
@@ -97,3 +100,15 @@ DEDUPE_CASES = (
 )
 """The one case table of ``service.domain.mailbox.dedupe_cut``: tests/unit checks the
 rule, tests/conformance every backend (the Redis script mirrors it)."""
+
+
+async def refused_admissions(c: MessageCommitter, tenant: str, known_cmid: str) -> None:
+    """Three sends admission refuses in conversation "c1"'s tenant: a non-member, a
+    conversation that does not exist, and ``known_cmid`` (a committed key) sent to
+    that conversation (refused as no conversation, not answered from the key)."""
+    with pytest.raises(NotAMember):
+        await c.commit_send(send(tenant, sender="mallory"))
+    with pytest.raises(ConversationNotFound):
+        await c.commit_send(send(tenant, conversation="nowhere"))
+    with pytest.raises(ConversationNotFound):
+        await c.commit_send(send(tenant, conversation="nowhere", cmid=known_cmid))

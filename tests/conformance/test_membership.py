@@ -111,6 +111,31 @@ async def test_delivery_is_frozen_by_reference_and_never_replaced(harness: Harne
     assert await members(backend, tenant, "c1") == ["alice", "carol"]
 
 
+async def test_a_send_is_frozen_at_the_version_current_at_reserve_or_as_the_caller_froze_it(
+    harness: Harness,
+) -> None:
+    """Whether admission is its own lookup or decided inside reserve (Redis,
+    memory): ``commit_send`` freezes the version reserve saw, ``commit`` stores a
+    caller-frozen delivery as given."""
+    backend = await harness.open()
+    tenant = unique("t")
+    await conversation(backend, tenant)
+    await backend.membership.add_members(tenant, "c1", ["carol"])  # version 2
+    c = committer(backend)
+    served = await c.commit_send(send(tenant))
+    request = send(tenant)
+    c.faults.arm(FaultPoint.AFTER_RESERVE)
+    with pytest.raises(InjectedCrash):
+        await c.commit(request, FrozenDeliveryInput.at_version(1), ReserveCandidate("m-given", 7))
+    stored = await backend.store.load_commit(request.key, "c1")
+    assert isinstance(stored, InProgress)
+    assert stored.intent.delivery == FrozenDeliveryInput.at_version(1)
+    given = await c.resume(request.key, "c1")
+    page = await backend.outbox.read("", 10_000)
+    versions = {e.message_id: e.membership_version for e in page.entries if e.tenant == tenant}
+    assert versions == {served.message_id: 2, given.message_id: 1}
+
+
 async def test_a_removed_member_can_no_longer_send_but_reads_its_own_time(
     harness: Harness,
 ) -> None:
