@@ -83,6 +83,16 @@ class Mailbox:
     tenant: str
     kind: OwnerKind
     owner: str
+    _hash: int = field(init=False, repr=False, compare=False)
+    """The fields' hash, computed once: a relay step looks a mailbox up about ten
+    times per append (lanes, marks, groups), and the generated ``__hash__``
+    builds and hashes a tuple each time (issue 27)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.tenant, self.kind, self.owner)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def inbox(cls, tenant: str, user: str) -> Mailbox:
