@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.memory.delivery_state import Lane
+from backends.memory.rows import RecordRow, entry_row, record_of, record_row
 from backends.memory.state import MemoryState
 from service.domain import mailbox as rules
 from service.domain.delivery import (
@@ -26,7 +27,7 @@ from service.domain.delivery import (
 )
 from service.domain.errors import StoreInvalid
 from service.domain.lane_marks import moved_back
-from service.domain.mailbox import LaneRead, LaneState, Mailbox, MailboxEntry
+from service.domain.mailbox import LaneRead, LaneState, Mailbox
 from service.domain.model import MessageRecord
 from service.domain.ports import Clock
 from service.domain.relay import Fence
@@ -39,9 +40,12 @@ class MemoryMailboxStore(MailboxStore):
         self._clock = clock
 
     async def append(self, requests: Sequence[AppendRequest], fence: Fence) -> list[AppendOutcome]:
-        return [self._append(r, fence) for r in requests]
+        made: dict[int, RecordRow] = {}  # one row per record of this call, by id()
+        return [self._append(r, fence, made) for r in requests]
 
-    def _append(self, request: AppendRequest, fence: Fence) -> AppendOutcome:
+    def _append(
+        self, request: AppendRequest, fence: Fence, made: dict[int, RecordRow]
+    ) -> AppendOutcome:
         if len(request.items) > rules.MAX_GROUP_ENTRIES:
             raise StoreInvalid(f"one append holds at most {rules.MAX_GROUP_ENTRIES} items")
         lane = self._delivery.lane(request.mailbox)
@@ -55,7 +59,10 @@ class MemoryMailboxStore(MailboxStore):
         now = self._clock.now_ms()
         first = lane.head + 1
         for offset, item in enumerate(fresh):
-            lane.add(MailboxEntry(first + offset, first, item.record, now, item.membership_version))
+            row = made.get(id(item.record))
+            if row is None:
+                row = made[id(item.record)] = record_row(item.record)
+            lane.add(entry_row(first + offset, first, now, item.membership_version, row))
         if fresh:
             lane.head = first + len(fresh) - 1
             lane.group_ends.append((lane.head, now))
@@ -177,4 +184,5 @@ class MemoryHistoryRecords(HistoryRecords):
         conv = self._state.conversations.get((tenant, conversation))
         if conv is None:
             return {}
-        return {s: conv.history[s] for s in seqs if s in conv.history}
+        history = conv.history
+        return {s: record_of(history[s]) for s in seqs if s in history}

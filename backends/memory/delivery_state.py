@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from backends.memory import rows
+from backends.memory.rows import EntryRow
 from service.domain import mailbox as rules
 from service.domain.delivery import LeftConversation
 from service.domain.mailbox import LaneState, Mailbox, MailboxEntry
@@ -31,7 +33,8 @@ class Lane:
     epoch: int = 1
     head: int = 0
     watermark: int = 0
-    stored: list[MailboxEntry] = field(default_factory=list)
+    stored: list[EntryRow] = field(default_factory=list)
+    """The entries as rows (``backends.memory.rows``: untracked by the collector)."""
     front: int = 0
     """Index in ``stored`` of the first entry above the watermark."""
     ids: dict[str, int] = field(default_factory=dict)
@@ -48,25 +51,26 @@ class Lane:
     def state(self) -> LaneState:
         return LaneState(self.epoch, self.head, self.watermark)
 
-    def add(self, entry: MailboxEntry) -> None:
-        self.stored.append(entry)
-        self.ids[entry.record.message_id] = entry.seq
+    def add(self, row: EntryRow) -> None:
+        self.stored.append(row)
+        self.ids[row[rows.ENTRY_MESSAGE_ID]] = row[rows.ENTRY_SEQ]
 
     def after(self, seq: int, limit: int) -> list[MailboxEntry]:
         """Up to ``limit`` entries with a seq above ``seq``."""
         if self.front == len(self.stored):
             return []
-        start = self.front + max(0, seq + 1 - self.stored[self.front].seq)
-        return self.stored[start : start + max(0, limit)]
+        start = self.front + max(0, seq + 1 - self.stored[self.front][rows.ENTRY_SEQ])
+        return [rows.entry_of(r) for r in self.stored[start : start + max(0, limit)]]
 
     def trim_to(self, cut: int) -> None:
         """Drop the entries through ``cut``; their ids stay until ``forget``."""
         if cut <= self.watermark:
             return
         stored = self.stored
-        while self.front < len(stored) and stored[self.front].seq <= cut:
-            entry = stored[self.front]
-            self.trimmed_ids.append((entry.seq, entry.record.message_id))
+        while self.front < len(stored) and stored[self.front][rows.ENTRY_SEQ] <= cut:
+            row = stored[self.front]
+            seq, message_id = row[rows.ENTRY_SEQ], row[rows.ENTRY_MESSAGE_ID]
+            self.trimmed_ids.append((seq, message_id))
             self.front += 1
         while self.group_ends and self.group_ends[0][0] <= cut:
             self.trimmed_groups.append(self.group_ends.popleft())

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from backends.memory.delivery_state import DeliveryState
 from backends.memory.outbox_log import OutboxLog
+from backends.memory.rows import RecordRow
 from service.domain.membership import Intervals
 from service.domain.model import (
     Abandonment,
     CommitIntent,
     CommittedMessage,
-    MessageRecord,
     OutboxPublication,
 )
 
@@ -66,7 +66,8 @@ class Conversation:
     """Sorted seqs retention must not cut: unfinished intents', and those of intents
     committed after retention had passed their seq, until their own retention."""
     seqs: list[int] = field(default_factory=list)
-    history: dict[int, MessageRecord] = field(default_factory=dict)
+    history: dict[int, RecordRow] = field(default_factory=dict)
+    """Per recorded seq, its record as a row (``backends.memory.rows``)."""
     reading_versions: dict[int, int] = field(default_factory=dict)
     """Per recorded seq, the membership version its commit froze (absent: 0, unknown)."""
     abandoned: list[int] = field(default_factory=list)

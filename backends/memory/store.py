@@ -9,6 +9,7 @@ from typing import Literal
 
 from backends.memory.members import MemoryMembershipStore
 from backends.memory.outbox import MemoryOutbox
+from backends.memory.rows import record_of, record_row
 from backends.memory.state import Commit, Key3, MemoryState, QueueEntry
 from service.domain import membership as rules
 from service.domain.errors import StoreConflict, StoreInvalid
@@ -178,14 +179,14 @@ class MemoryMessageStore(MessageStore):
         conv = self._members.conversation(record.tenant, record.conversation)
         if record.seq not in conv.history:
             bisect.insort(conv.seqs, record.seq)
-            conv.history[record.seq] = record
+            conv.history[record.seq] = record_row(record)
             conv.reading_versions[record.seq] = intent.delivery.reading_version
         stored.intent = intent.advanced(CommitState.RECORDED)
 
     def _has_record(self, intent: CommitIntent) -> bool:
         r = intent.record
         conv = self.state.conversations.get((r.tenant, r.conversation))
-        return conv is not None and conv.history.get(r.seq) == r
+        return conv is not None and conv.history.get(r.seq) == record_row(r)
 
     def _check_publication(self, stored: Commit, publication: OutboxPublication) -> bool:
         """True when already at (or past) OUTBOXED with this very publication."""
@@ -408,7 +409,7 @@ class MemoryMessageStore(MessageStore):
             chosen = iter(seqs[start : start + query.limit + 1])
         return build_page(
             query,
-            ((conv.history[s], conv.reading_versions.get(s, 0)) for s in chosen),
+            ((record_of(conv.history[s]), conv.reading_versions.get(s, 0)) for s in chosen),
             reader=reader,
             available_from_seq=conv.available_from,
             last_seq=conv.last_seq,

@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from backends.memory import MemoryMessageStore, MemoryState, open_memory_backend
+from backends.memory.rows import record_of
 from service.domain.membership import is_member
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2 as mpb
@@ -369,8 +370,9 @@ def sent_secrets(rpc: str, request: Message) -> list[bytes]:
 def check_committed(live: Live, send: pb.AuthenticatedSend, ack: pb.CommittedMessage) -> None:
     """The ACK's record is in history with exactly the content sent."""
     conversation = live.state.conversations[(send.tenant, send.conversation)]
-    record = conversation.history.get(ack.seq)
-    assert record is not None, f"ACK seq {ack.seq} is not in history"
+    row = conversation.history.get(ack.seq)
+    assert row is not None, f"ACK seq {ack.seq} is not in history"
+    record = record_of(row)
     assert (record.tenant, record.conversation, record.message_id) == (
         send.tenant,
         send.conversation,
