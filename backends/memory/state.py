@@ -21,9 +21,16 @@ Key3 = tuple[str, str, str]
 ConvKey = tuple[str, str]
 
 
+CommittedRow = tuple[bytes, str, str, str, int, int, str, str]
+"""A COMMITTED key as a flat tuple the collector stops tracking
+(``backends.memory.rows``): identity digest, conversation, cmid, message id, seq,
+server time, publication stream and position."""
+
+
 @dataclass
 class Commit:
-    """One CommitKey: the intent until COMMITTED, then the compact form."""
+    """One CommitKey until COMMITTED: the intent (or, abandoned, its audit record).
+    A committed key is kept as a ``CommittedRow``; ``Commit.of`` reads one back."""
 
     identity: bytes
     conversation: str
@@ -33,6 +40,25 @@ class Commit:
     abandoned: Abandonment | None = None
     """An operator abandoned the quarantined intent: the audit record, kept with
     the key for the idempotency window (``intent`` and ``committed`` are None)."""
+
+    @staticmethod
+    def of(stored: Commit | CommittedRow) -> Commit:
+        """``stored`` as a Commit: a committed row becomes a read-only view (a
+        committed key is never changed, only replaced or dropped)."""
+        if isinstance(stored, Commit):
+            return stored
+        identity, conversation, cmid, message_id, seq, ts, stream, position = stored
+        message = CommittedMessage(conversation, cmid, message_id, seq, ts)
+        return Commit(identity, conversation, None, message, OutboxPublication(stream, position))
+
+    def committed_row(self) -> CommittedRow:
+        """This COMMITTED key's row (its identity already a digest)."""
+        m, p = self.committed, self.publication
+        assert m is not None and p is not None
+        return (
+            self.identity, m.conversation, m.cmid, m.message_id, m.seq, m.server_ts_ms,
+            p.stream, p.position,
+        )  # fmt: skip
 
 
 @dataclass
@@ -126,7 +152,8 @@ class Conversation:
 class MemoryState:
     """All data of one memory backend; survives a close/reopen of the stores."""
 
-    commits: dict[Key3, Commit] = field(default_factory=dict)
+    commits: dict[Key3, Commit | CommittedRow] = field(default_factory=dict)
+    """Per key: a Commit while unfinished or abandoned, a CommittedRow once committed."""
     conversations: dict[ConvKey, Conversation] = field(default_factory=dict)
     queue: dict[Key3, QueueEntry] = field(default_factory=dict)
     commit_expiry: deque[tuple[int, Key3]] = field(default_factory=deque)

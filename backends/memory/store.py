@@ -73,8 +73,10 @@ class MemoryMessageStore(MessageStore):
         while s.commit_expiry and s.commit_expiry[0][0] <= now:
             _, key = s.commit_expiry.popleft()
             stored = s.commits.get(key)
-            if stored is not None and (stored.committed or stored.abandoned) is not None:
-                del s.commits[key]
+            if stored is not None and (
+                not isinstance(stored, Commit) or stored.abandoned is not None
+            ):
+                del s.commits[key]  # committed or abandoned: its window is over
         touched = set()
         while s.history_expiry and s.history_expiry[0][0] <= now:
             _, conv_key, seq = s.history_expiry.popleft()
@@ -124,7 +126,7 @@ class MemoryMessageStore(MessageStore):
         if conv is None and admit:
             return None  # as the admission lookup answers it, before any key
         key = _k(request.key)
-        existing = self.state.commits.get(key)
+        existing = self._stored(key)
         if existing is not None:
             if existing.abandoned is not None:
                 return Abandoned(request.key)
@@ -154,9 +156,13 @@ class MemoryMessageStore(MessageStore):
         self.state.queue[key] = QueueEntry(created_at_ms=now, due_ms=now)
         return Reserved(intent)
 
+    def _stored(self, key: Key3) -> Commit | None:
+        stored = self.state.commits.get(key)
+        return None if stored is None else Commit.of(stored)
+
     def _unfinished(self, intent: CommitIntent) -> Commit:
         """The stored commit for ``intent``, checked to be the same intent."""
-        stored = self.state.commits.get(_k(intent.key))
+        stored = self._stored(_k(intent.key))
         if stored is None:
             raise StoreConflict("no intent for this key")
         if stored.committed is not None:
@@ -276,6 +282,7 @@ class MemoryMessageStore(MessageStore):
         key = _k(intent.key)
         stored.committed, stored.intent = message, None
         stored.identity = as_digest(stored.identity)
+        self.state.commits[key] = stored.committed_row()  # untracked (``rows``)
         self.state.queue.pop(key, None)
         self.state.commit_expiry.append((now + self._settings.idempotency_window_ms, key))
         conv_key = (intent.key.tenant, intent.conversation)
@@ -289,7 +296,7 @@ class MemoryMessageStore(MessageStore):
 
     async def _load(self, key: CommitKey) -> StoredCommit | None:
         self._sweep()
-        stored = self.state.commits.get(_k(key))
+        stored = self._stored(_k(key))
         if stored is None:
             return None
         return StoredCommit(
@@ -304,7 +311,7 @@ class MemoryMessageStore(MessageStore):
 
     def _item(self, key: Key3, entry: QueueEntry) -> RecoveryItem | None:
         stored = self.state.commits.get(key)
-        if stored is None or stored.intent is None:
+        if not isinstance(stored, Commit) or stored.intent is None:
             return None
         return RecoveryItem(
             key=CommitKey(*key),
@@ -371,7 +378,7 @@ class MemoryMessageStore(MessageStore):
     async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
         self._sweep()
         k = _k(key)
-        stored, entry = self.state.commits.get(k), self.state.queue.get(k)
+        stored, entry = self._stored(k), self.state.queue.get(k)
         if stored is not None and stored.abandoned is not None:
             return replace(stored.abandoned, outcome=AbandonOutcome.ALREADY_ABANDONED)
         if stored is None or stored.intent is None or entry is None or not entry.quarantined:

@@ -28,10 +28,10 @@ PYTHON_MUTANTS: tuple[Mutant, ...] = (
         "memory-reserve-seq-before-exists", "seq",
         "reserve allocates a seq before it checks whether the key exists",
         MEMORY,
-        "        key = _k(request.key)\n        existing = self.state.commits.get(key)\n",
+        "        key = _k(request.key)\n        existing = self._stored(key)\n",
         "        key = _k(request.key)\n"
         "        self._members.conversation(request.tenant, request.conversation).last_seq += 1\n"
-        "        existing = self.state.commits.get(key)\n",
+        "        existing = self._stored(key)\n",
     ),
     _py(
         "memory-reserve-no-queue-entry", "recovery",

@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 from backends.memory import MemoryMessageStore, MemoryState, open_memory_backend
 from backends.memory.rows import record_of
+from backends.memory.state import Commit
 from service.domain.membership import is_member
 from service.gen.message_committer.v1 import committer_pb2 as pb
 from service.gen.message_committer.v1 import membership_pb2 as mpb
@@ -344,7 +345,7 @@ def fingerprint(state: MemoryState) -> tuple[object, ...]:
     return (
         {
             key: (c.conversation, c.identity, c.intent, c.committed, c.publication)
-            for key, c in state.commits.items()
+            for key, c in ((k, Commit.of(s)) for k, s in state.commits.items())
         },
         {
             key: (dict(c.intervals), c.version, c.last_seq, c.available_from, dict(c.history))

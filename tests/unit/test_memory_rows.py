@@ -1,5 +1,5 @@
-"""The memory backend keeps history records and mailbox entries as rows the
-cyclic garbage collector does not track (issue 27: a full collection walked
+"""The memory backend keeps history records, mailbox entries and committed keys
+as rows the cyclic garbage collector does not track (issue 27: a full collection walked
 every retained message, one pause that grew with the history)."""
 
 from __future__ import annotations
@@ -63,5 +63,7 @@ async def test_delivered_messages_leave_nothing_per_message_for_the_collector_bu
     lanes = [state.delivery.lanes[(tenant, "u", user)] for user in users]
     assert [len(lane.stored) for lane in lanes] == [20, 20, 20]
     assert not any(gc.is_tracked(row) for lane in lanes for row in lane.stored)
+    committed = [state.commits[(tenant, "alice", a.cmid)] for a in acks]
+    assert not any(gc.is_tracked(row) for row in committed)  # the idempotency keys too
     read = await inbox(backend, Mailbox.inbox(tenant, "bob"))
     assert read == [("c1", a.seq) for a in acks]  # and read back as entries
