@@ -12,7 +12,7 @@ decides expiry, windows and retention, as Redis's TIME does for Redis.
 Layout (every map is keyed by tuples, so ids never collide across tenants):
 
 * ``commits[(tenant, sender, cmid)]``: the intent until COMMITTED, then the
-  compact form (identity digest, coordinates, publication);
+  compact form (identity digest, coordinates, publication) as a row;
 * ``conversations[(tenant, conversation)]``: versioned members (per user the
   version intervals of ``service.domain.membership``, and the users in id
   order), the last allocated seq, history by seq, the first still-available
@@ -24,6 +24,10 @@ Layout (every map is keyed by tuples, so ids never collide across tenants):
   (``backends.memory.outbox_log``);
 * ``delivery``: mailboxes, the per-user conversation index and the relay's
   partition bookkeeping (``backends.memory.delivery``, ``.partitions``).
+
+What stays for long (history records, mailbox entries, committed keys) is
+kept as flat tuples the garbage collector stops tracking
+(``backends.memory.rows``): a full collection does not walk every message kept.
 
 Retention is swept lazily at the start of each operation: committed records
 past the idempotency window are dropped; history expires as a prefix (when a
