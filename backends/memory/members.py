@@ -12,6 +12,12 @@ from service.domain.model import Admission, MembershipInfo, MembersSlice
 from service.domain.ports import MembershipStore
 
 
+def admission_of(conv: Conversation, user: str) -> Admission:
+    """``user``'s admission to ``conv`` at its current version (the membership
+    lookup's answer, and what the store's admitting reserve decides by)."""
+    return Admission(conv.version, rules.is_member(conv.intervals.get(user, ())))
+
+
 class MemoryMembershipStore(MembershipStore):
     def __init__(self, state: MemoryState) -> None:
         self.state = state
@@ -75,7 +81,7 @@ class MemoryMembershipStore(MembershipStore):
         conv = self.state.conversations.get((tenant, conversation))
         if conv is None:
             return None
-        return Admission(conv.version, rules.is_member(conv.intervals.get(user, ())))
+        return admission_of(conv, user)
 
     async def member_intervals(
         self, tenant: str, conversation: str, user: str

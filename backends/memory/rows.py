@@ -1,9 +1,9 @@
 """What the memory backend keeps for long, as flat tuples the garbage collector
 stops tracking.
 
-A committed message stays for its retention: its history record, and one
-mailbox entry per recipient. As dataclass instances that was about six
-objects per delivered commit that CPython's cyclic collector tracks, and a full
+A committed message stays for its retention: its history record, one
+mailbox entry per recipient and its idempotency key. As dataclass instances
+that was about nine objects per delivered commit that CPython's cyclic collector tracks, and a full
 collection walks every one of them: one pause, 0.5 to 1.9 s after 100,000
 commits, that grows with the retained history (issue 27). A tuple that holds
 only strings, bytes, ints and None is untracked by the first collection that
@@ -33,6 +33,10 @@ EntryRow = tuple[
     str, str, int, str, str, str, str, str, bytes, str | None, int, str, str, str, str, int,
 ]  # fmt: skip
 """seq, group id, appended ms, membership version, then the record's row."""
+
+CommittedRow = tuple[bytes, str, str, str, int, int, str, str]
+"""A COMMITTED key: identity digest, conversation, cmid, message id, seq, server
+time, publication stream and position (``state.Commit.of`` reads one back)."""
 
 MESSAGE_ID: Final = 3
 """A record row's message id."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from backends.memory.delivery_state import DeliveryState
 from backends.memory.outbox_log import OutboxLog
-from backends.memory.rows import RecordRow
+from backends.memory.rows import CommittedRow, RecordRow
 from service.domain.membership import Intervals
 from service.domain.model import (
     Abandonment,
@@ -19,12 +19,6 @@ from service.domain.model import (
 
 Key3 = tuple[str, str, str]
 ConvKey = tuple[str, str]
-
-
-CommittedRow = tuple[bytes, str, str, str, int, int, str, str]
-"""A COMMITTED key as a flat tuple the collector stops tracking
-(``backends.memory.rows``): identity digest, conversation, cmid, message id, seq,
-server time, publication stream and position."""
 
 
 @dataclass

@@ -7,11 +7,10 @@ import heapq
 from dataclasses import replace
 from typing import Literal
 
-from backends.memory.members import MemoryMembershipStore
+from backends.memory.members import MemoryMembershipStore, admission_of
 from backends.memory.outbox import MemoryOutbox
 from backends.memory.rows import record_of, record_row
 from backends.memory.state import Commit, Key3, MemoryState, QueueEntry
-from service.domain import membership as rules
 from service.domain.errors import StoreConflict, StoreInvalid
 from service.domain.history import build_page, reader_of
 from service.domain.identity import as_digest
@@ -138,8 +137,8 @@ class MemoryMessageStore(MessageStore):
             return InProgress(existing.intent)
         if conv is None:
             conv = self._members.conversation(request.tenant, request.conversation)  # raises
-        if admit and not rules.is_member(conv.intervals.get(request.sender, ())):
-            return Admission(conv.version, False)
+        if admit and not (admission := admission_of(conv, request.sender)).member:
+            return admission
         conv.last_seq += 1
         conv.pin(conv.last_seq)
         now = self._clock.now_ms()
