@@ -101,8 +101,11 @@ def _depth(blob: bytes) -> int:
     return deepest
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)  # made once, not per call
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return _JSON.encode(value).encode("ascii")
 
 
 def encode_record(record: MessageRecord) -> bytes:
