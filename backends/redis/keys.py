@@ -80,6 +80,7 @@ from urllib.parse import quote, unquote
 SCHEMA_VERSION = "2"
 DEFAULT_SHARDS = 128
 MAX_SHARDS = 16384
+CACHED_CONVERSATIONS = 4096  # KeySpace.conversation keeps the keys of this many
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 _SAFE = "-._~"  # with A-Z a-z 0-9, the characters kept as they are
 
@@ -157,6 +158,7 @@ class KeySpace:
         self.shards = shards
         self.meta = f"{prefix}:meta"
         self._shards = [self._shard(n) for n in range(shards)]
+        self._conversations: dict[tuple[str, str], ConversationKeys] = {}
 
     def _shard(self, n: int) -> ShardKeys:
         base = f"{self.prefix}:{{{n}}}"
@@ -182,6 +184,19 @@ class KeySpace:
         return self._shards[zlib.crc32(joined.encode()) % self.shards]
 
     def conversation(self, tenant: str, conversation: str) -> ConversationKeys:
+        """The keys of a conversation, kept for up to ``CACHED_CONVERSATIONS``
+        conversations, the oldest made dropped first (a commit asks four times;
+        a build quotes and formats ten keys, about 3 us)."""
+        cached = self._conversations
+        keys = cached.get((tenant, conversation))
+        if keys is None:
+            keys = self._conversation(tenant, conversation)
+            if len(cached) >= CACHED_CONVERSATIONS:
+                del cached[next(iter(cached))]  # the oldest
+            cached[(tenant, conversation)] = keys
+        return keys
+
+    def _conversation(self, tenant: str, conversation: str) -> ConversationKeys:
         shard = self.shard_of(tenant, conversation)
         tc = f"{enc(tenant)}:{enc(conversation)}"
         base = f"{self.prefix}:{{{shard.number}}}"
