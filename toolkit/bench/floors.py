@@ -155,6 +155,12 @@ class StorageDriver:
             content=MessageContent(MessageType.TEXT, body=self._body),
         )
 
+    def forget(self) -> None:
+        """Let the replay pool go (up to ``REPLAY_POOL_CAP`` sends): the bench's own
+        objects, which every full collection of the server's process would walk in
+        the phases after the floors, and ``serve`` does not have."""
+        self.committed = []
+
     def _remember(self, send: AuthenticatedSend) -> None:
         if len(self.committed) < REPLAY_POOL_CAP:
             self.committed.append(send)

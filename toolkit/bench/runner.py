@@ -237,6 +237,7 @@ class BackendBench:
             if not warm.result.ok:
                 raise BenchError(f"warm-up: no commit succeeded ({dict(warm.result.errors)})")
         floors: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        driver: StorageDriver | None = None
         backend = self.target.floor_backend
         if a.no_floors:
             self.report.notes.append("in-process floors skipped (--no-floors)")
@@ -266,6 +267,8 @@ class BackendBench:
                 rounds.setdefault(kind.value, []).append(got)
             for name, op in floors:
                 rounds.setdefault(name, []).append(await self.floor_phase(op, name + suffix))
+            if driver is not None:
+                driver.forget()  # the replay pool is refilled by the next round's floor
         if Kind.FRESH in a.kinds and a.sustained:
             rounds[SUSTAINED] = [await self.sustained_phase()]
         for name, measured in rounds.items():
