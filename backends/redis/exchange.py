@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from redis import exceptions as rx
 
-Arg = str | bytes | int | float
+Arg = str | bytes | int | float  # a command's argument, as the backend sends them
 INSTRUMENTATION = "opentelemetry.instrumentation.redis"  # the otel extra's, service/otel.py
 
 

@@ -46,6 +46,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
+from backends.redis.exchange import Arg as Arg
 from backends.redis.exchange import driver_traced, exchange
 from backends.redis.lua import Script
 from backends.redis.packing import use_c_packer
@@ -59,7 +60,6 @@ from service.domain.errors import (
     StoreWiped,
 )
 
-Arg = str | bytes | int | float
 CALL = "redis_call"
 CLOSE_DRAIN_S = 5.0  # how long close() lets round trips in flight end before letting go
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")

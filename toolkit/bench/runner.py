@@ -123,9 +123,9 @@ class BackendBench:
         self.progress = progress
         self.report = BackendReport(target.backend, target.description, notes=list(target.notes))
         self._drained: tuple[float, str] = (0.0, "")
+        """The longest wait for the in-process relay before a phase, and that phase."""
         self._delivered: list[tuple[float, float]] = []
         """The in-server relay's delivery histogram, summed over the gRPC phases only."""
-        """The longest wait for the in-process relay before a phase, and that phase."""
 
     def _jobs(self, kind: Kind, duration: float, serial: int = 0, total: int = 0) -> list[Job]:
         """One job per client process; ``serial`` > 0: that many calls from one stream;
