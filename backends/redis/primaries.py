@@ -19,8 +19,9 @@ from typing import Any, cast
 from redis import exceptions as rx
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from backends.redis.exchange import Arg
 from backends.redis.packing import use_c_packer
+
+Arg = str | bytes | int | float
 
 
 class PrimaryConnections:
