@@ -3,8 +3,9 @@
 Servicers raise domain exceptions and never build statuses themselves; this
 interceptor turns whatever escapes a handler into the status of
 ``service.api.errors.STATUS_TABLE`` (INTERNAL "internal error" for anything
-else, logged with its type only) and counts every RPC, of every service
-(health and reflection included), by method and code. A unary request whose
+else, logged with its type and where it was raised, never its text) and
+counts every RPC, of every service (health and reflection included), by
+method and code. A unary request whose
 bytes do not parse as the method's message is INVALID_ARGUMENT
 (INVALID_REQUEST) too; grpc alone would answer UNKNOWN with the parser's text.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
@@ -243,10 +246,30 @@ def _check_decoded(request: Any) -> None:
 
 
 def _status_for(exc: Exception, rpc: _Rpc) -> grpc.Status:
-    """The table's status for ``exc``; an unmapped exception is logged by type only."""
+    """The table's status for ``exc``; an unmapped exception is logged by its type
+    and where it was raised, never its text (it may carry a request's values)."""
     if errors.rule_for(exc) is None:
-        log.error("%s/%s failed: unexpected %s", rpc.service, rpc.method, type(exc).__name__)
+        log.error(
+            "%s/%s failed: unexpected %s at %s",
+            rpc.service,
+            rpc.method,
+            type(exc).__name__,
+            raised_at(exc),
+        )
     return errors.to_status(exc)
+
+
+def raised_at(exc: BaseException, frames: int = 4) -> str:
+    """The innermost ``frames`` of ``exc``'s traceback as ``file:line function``,
+    innermost first: code locations only, no values."""
+    stack = traceback.extract_tb(exc.__traceback__)[-frames:]
+    return (
+        " < ".join(
+            f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.name}"
+            for frame in reversed(stack)
+        )
+        or "(no traceback)"
+    )
 
 
 def _code_of(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> grpc.StatusCode:

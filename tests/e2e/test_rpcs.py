@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -335,6 +336,7 @@ async def test_a_crash_is_internal_and_resume_or_recovery_finishes_it(
         "INTERNAL",
     )
     assert "InjectedCrash" in caplog.text and "M-COMMIT" not in caplog.text
+    assert re.search(r"unexpected InjectedCrash at \w+\.py:\d+ \w+", caplog.text)
     assert "body-1" not in caplog.text
     ack = await chat.client.resume(CommitKey(T, "alice", "x-1"), "c1")
     assert ack.seq == 1

@@ -48,6 +48,7 @@ START_ATTEMPTS = 3
 SCAN_LIMIT = 100_000
 SCAN_HORIZON_MS = 3_600_000  # "older than an hour from now": every intent there is
 MAX_PROBLEMS = 25
+_SEVERE = re.compile(r" (ERROR|CRITICAL) ")  # serve's text log: "<time> LEVEL <logger>: ..."
 POLL_S = 0.05
 
 
@@ -161,11 +162,19 @@ class Service:
         return float(match.group(1))
 
     def logs(self, tail_lines: int = 30) -> str:
-        """The tail of every process's log, oldest first (for failure messages)."""
+        """Every process's log, oldest first, for failure messages: each ERROR or
+        CRITICAL line wherever it is (an unexpected exception's type is one, and a
+        run under faults logs far more than its tail shows), then the tail."""
         parts = []
         for n, process in enumerate(self._processes, 1):
-            lines = process.log().splitlines()[-tail_lines:]
-            parts.append(f"--- serve process {n} ---\n" + "\n".join(lines))
+            lines = process.log().splitlines()
+            head = lines[:-tail_lines] if tail_lines else lines
+            severe = [line for line in head if _SEVERE.search(line)]
+            tail = lines[-tail_lines:] if tail_lines else []
+            parts.append(
+                f"--- serve process {n}: {len(severe)} earlier ERROR/CRITICAL lines ---\n"
+                + "\n".join([*severe[-200:], "--- its last lines ---", *tail])
+            )
         return "\n".join(parts)
 
     async def close(self) -> None:
