@@ -46,8 +46,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
+from backends.redis.connections import use_backend_connections
 from backends.redis.lua import Script
-from backends.redis.packing import use_c_packer
 from backends.redis.primaries import PrimaryConnections
 from service.domain.errors import (
     StoreCorrupt,
@@ -222,7 +222,7 @@ def connect(
                 timeout=connect_timeout_s + socket_timeout_s,
                 **common,
             )
-            use_c_packer(pool)
+            use_backend_connections(pool)
             return Redis.from_pool(pool), "single"
         auth: dict[str, Any] = {
             "password": address.password,
@@ -235,7 +235,7 @@ def connect(
             client = sentinel.master_for(
                 address.master, db=address.db, max_connections=max_connections, **auth, **common
             )
-            use_c_packer(client.connection_pool)
+            use_backend_connections(client.connection_pool)
             client.mc_sentinels = list(sentinel.sentinels)  # closed with the link
             return client, "sentinel"
         nodes = [ClusterNode(host, port) for host, port in address.hosts]

@@ -19,7 +19,7 @@ from typing import Any, cast
 from redis import exceptions as rx
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from backends.redis.packing import use_c_packer
+from backends.redis.connections import use_backend_connections
 
 Arg = str | bytes | int | float
 
@@ -41,7 +41,7 @@ class PrimaryConnections:
         client = self._clients.get(where)
         if client is None:
             pool = BlockingConnectionPool(host=where[0], port=where[1], **self._options)
-            use_c_packer(pool)
+            use_backend_connections(pool)
             client = self._clients[where] = Redis.from_pool(pool)
         return client
 

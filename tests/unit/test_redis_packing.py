@@ -1,5 +1,6 @@
 """hiredis's packer gives the bytes redis-py's own packer gives, keeps its errors,
-and is put on every pool the backend opens, whatever the connection class."""
+and is put on every pool the backend opens, whatever the connection class, with
+the closed-transport guard (``backends.redis.connections``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,17 @@ from redis.asyncio import BlockingConnectionPool, SSLConnection, UnixDomainSocke
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.sentinel import SentinelManagedConnection
 
+from backends.redis.connections import (
+    ClosedTransport,
+    backend_connection_class,
+    use_backend_connections,
+)
 from backends.redis.link import connect
-from backends.redis.packing import c_packed, use_c_packer
+
+
+def c_packed(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    return backend_connection_class(base, c_packing=True)
+
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("EVALSHA", "a" * 40, 3, "mc:{7}:c:t:conv", "mc:{7}:m:t:conv", "mc:id", "dep", 0, -3),
@@ -58,7 +68,11 @@ def test_the_connection_class_is_kept_and_made_once() -> None:
     for cls in classes:
         packed = c_packed(cls)
         assert issubclass(packed, cls) and packed is not cls
+        assert issubclass(packed, ClosedTransport)
         assert c_packed(cls) is packed and c_packed(packed) is packed
+        guarded = backend_connection_class(cls, c_packing=False)
+        assert issubclass(guarded, cls) and issubclass(guarded, ClosedTransport)
+        assert guarded.pack_command is cls.pack_command  # the driver's packer
 
 
 @pytest.mark.parametrize(
@@ -71,21 +85,23 @@ def test_the_connection_class_is_kept_and_made_once() -> None:
 )
 def test_a_pool_keeps_its_schemes_connection_class(url: str, base: type) -> None:
     pool = BlockingConnectionPool.from_url(url)
-    assert use_c_packer(pool)
+    assert use_backend_connections(pool)
     assert issubclass(pool.connection_class, base)
-    assert pool.connection_class.__name__ == f"CPacked{base.__name__}"
+    assert pool.connection_class.__name__ == f"CPackedGuarded{base.__name__}"
 
 
 def test_a_pool_that_encodes_text_otherwise_keeps_the_drivers_packer() -> None:
     pool = BlockingConnectionPool.from_url("redis://127.0.0.1:1/0", encoding="latin-1")
-    assert not use_c_packer(pool)
-    assert pool.connection_class is Connection
+    assert not use_backend_connections(pool)
+    assert pool.connection_class is backend_connection_class(Connection, c_packing=False)
+    assert pool.connection_class.pack_command is Connection.pack_command
 
 
 @pytest.mark.parametrize(
     "url",
     ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0", "redis+sentinel://127.0.0.1:1/main/0"],
 )
-def test_the_backends_client_packs_in_c(url: str) -> None:
+def test_the_backends_client_packs_in_c_and_guards_its_writes(url: str) -> None:
     client, _ = connect(url, socket_timeout_s=1, connect_timeout_s=1, max_connections=2)
-    assert client.connection_pool.connection_class.__name__.startswith("CPacked")
+    assert client.connection_pool.connection_class.__name__.startswith("CPackedGuarded")
+    assert issubclass(client.connection_pool.connection_class, ClosedTransport)
