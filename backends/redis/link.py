@@ -47,6 +47,8 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from backends.redis.connections import use_backend_connections
+from backends.redis.exchange import Arg as Arg
+from backends.redis.exchange import driver_traced, exchange
 from backends.redis.lua import Script
 from backends.redis.primaries import PrimaryConnections
 from service.domain.errors import (
@@ -58,7 +60,6 @@ from service.domain.errors import (
     StoreWiped,
 )
 
-Arg = str | bytes | int | float
 CALL = "redis_call"
 CLOSE_DRAIN_S = 5.0  # how long close() lets round trips in flight end before letting go
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
@@ -269,6 +270,7 @@ class RedisLink:
         self._primaries = (
             PrimaryConnections(client, client.mc_node_options) if self.cluster else None
         )
+        self._pool: Any = None if self.cluster else getattr(client, "connection_pool", None)
         self._in_flight = 0  # round trips under way, for close()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -289,6 +291,31 @@ class RedisLink:
     async def _execute(self, *args: Arg) -> Any:
         with self._busy():
             return await self._send(*args)
+
+    def _lean_pool(self) -> Any:
+        """The pool scripts are exchanged on directly (``exchange``): one server or
+        Sentinel while redis-py is not traced (the tracing patches the driver's
+        command and pipeline calls); else None, and the driver's calls are used."""
+        if self._pool is None or driver_traced():
+            return None
+        return self._pool
+
+    async def _scripts(
+        self, commands: Sequence[Sequence[Arg]], key: str | None = None
+    ) -> list[Any]:
+        """EVALSHA commands (with INCR and WAIT: replies the driver does not convert)
+        in one round trip, on one connection. Without a lean pool: a command alone
+        by the driver's client, several by its pipeline, or with ``key`` on one
+        connection to ``key``'s primary (a Cluster)."""
+        pool = self._lean_pool()
+        if pool is not None:
+            with self._busy():
+                return await exchange(pool, commands)
+        if key is not None:
+            return await self._same_connection(key, commands)
+        if len(commands) == 1:
+            return [await self._execute(*commands[0])]
+        return await self._pipeline(commands)
 
     async def _same_connection(self, key: str, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """``commands`` pipelined on ONE connection (a Cluster: to ``key``'s primary)."""
@@ -345,12 +372,12 @@ class RedisLink:
         try:
             try:
                 with _once([script]):
-                    reply = await self._execute(*command)
+                    [reply] = await self._scripts([command])
             except rx.NoScriptError:
                 self.requests[CALL] += 2
                 await self.every_primary("SCRIPT", "LOAD", script.source)
                 with _once([script]):
-                    reply = await self._execute(*command)
+                    [reply] = await self._scripts([command])
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
         if isinstance(reply, list) and reply and reply[0] == b"wiped":
@@ -369,12 +396,12 @@ class RedisLink:
         try:
             try:
                 with _once([script]):
-                    replies = await self._pipeline(commands)
+                    replies = await self._scripts(commands)
             except rx.NoScriptError:
                 self.requests[CALL] += 2
                 await self.every_primary("SCRIPT", "LOAD", script.source)
                 with _once([script]):
-                    replies = await self._pipeline(commands)
+                    replies = await self._scripts(commands)
         except rx.RedisError as exc:
             raise translate(exc, write=write) from None
         for reply in replies:
@@ -416,7 +443,7 @@ class RedisLink:
             self.requests[CALL] += 1
             try:
                 with _once([script]):
-                    replies = await self._same_connection(keys[0], commands)
+                    replies = await self._scripts(commands, keys[0])
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None
@@ -451,7 +478,7 @@ class RedisLink:
             self.requests[CALL] += 1
             try:
                 with _once([s for s, _, _ in calls]):
-                    replies = await self._same_connection(key, commands)
+                    replies = await self._scripts(commands, key)
             except rx.NoScriptError:
                 if attempt:
                     raise StoreUnavailable("redis lost the backend's scripts") from None

@@ -20,8 +20,7 @@ from redis import exceptions as rx
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from backends.redis.connections import use_backend_connections
-
-Arg = str | bytes | int | float
+from backends.redis.exchange import Arg
 
 
 class PrimaryConnections:

@@ -351,17 +351,19 @@ async def test_with_wait_the_barrier_is_on_the_connection_that_answered(
         request = send(tenant)
         ack = await c.commit_send(request)
         sent: list[tuple[str, list[tuple[Arg, ...]]]] = []
-        same_connection, execute = link._same_connection, link._execute
+        scripts, execute = link._scripts, link._execute
 
-        async def on_one_connection(key: str, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        async def together(
+            commands: Sequence[Sequence[Arg]], key: str | None = None
+        ) -> list[Any]:  # one exchange (or, traced, one driver pipeline): ONE connection
             sent.append(("one connection", [tuple(command[:2]) for command in commands]))
-            return await same_connection(key, commands)
+            return await scripts(commands, key)
 
         async def alone(*args: Arg) -> Any:
             sent.append(("alone", [tuple(args[:2])]))
             return await execute(*args)
 
-        monkeypatch.setattr(link, "_same_connection", on_one_connection)
+        monkeypatch.setattr(link, "_scripts", together)
         monkeypatch.setattr(link, "_execute", alone)
         assert await c.commit_send(request) == ack
         with pytest.raises(IdempotencyConflict):
