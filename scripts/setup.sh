@@ -36,6 +36,10 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q --require-hashes --only-binary=:all: -r requirements.lock
   .venv/bin/pip install -q -e '.[dev]'
+  # a dev tool's own requirements must not move a locked package (a newer
+  # grpcio-tools once lifted grpcio above the lock): the tests would not run
+  # what production runs
+  .venv/bin/python -m toolkit.lockcheck requirements.lock
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
