@@ -18,9 +18,11 @@ two changes mixed in.
 * ``CPacking`` (``backends.redis.packing``): commands packed by hiredis, on
   pools whose text encoding is strict UTF-8.
 
-A Redis Cluster client makes its own node pools, with the driver's classes
-(its constructor overrides the class); the backend's scripts on a Cluster go
-through ``PrimaryConnections``' pools, which have these.
+A Redis Cluster client makes a pool per node from one set of node options,
+into which its constructor puts the driver's class (TCP or TLS);
+``use_backend_connections_on_cluster`` puts the backend's there instead,
+before the first node connects. The backend's own pools on a Cluster
+(``PrimaryConnections``) get it from ``use_backend_connections``.
 """
 
 from __future__ import annotations
@@ -77,4 +79,19 @@ def use_backend_connections(pool: Any) -> bool:
     text encoding is strict UTF-8), False where the driver's packer stays."""
     c_packing = packs_in_c(pool.connection_kwargs)
     pool.connection_class = backend_connection_class(pool.connection_class, c_packing=c_packing)
+    return c_packing
+
+
+def use_backend_connections_on_cluster(cluster: Any) -> bool:
+    """Give a redis-py asyncio ``RedisCluster`` (made, not yet connected) the
+    backend's connection class on every node pool it makes: the node options
+    its nodes are made from, and the startup nodes already made from them.
+    True where it packs in C, as ``use_backend_connections``."""
+    manager = cluster.nodes_manager
+    options = manager.connection_kwargs
+    c_packing = packs_in_c(options)
+    made = backend_connection_class(options["connection_class"], c_packing=c_packing)
+    options["connection_class"] = made
+    for node in manager.startup_nodes.values():
+        node.connection_class = made
     return c_packing

@@ -46,7 +46,10 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
-from backends.redis.connections import use_backend_connections
+from backends.redis.connections import (
+    use_backend_connections,
+    use_backend_connections_on_cluster,
+)
 from backends.redis.exchange import Arg as Arg
 from backends.redis.exchange import driver_traced, exchange
 from backends.redis.lua import Script
@@ -244,6 +247,7 @@ def connect(
         cluster = make_cluster(
             startup_nodes=nodes, max_connections=max_connections, **auth, **common
         )
+        use_backend_connections_on_cluster(cluster)
         # for WAIT, which must share a connection with the write (primaries.py)
         cluster.mc_node_options = {
             **{k: v for k, v in auth.items() if k != "ssl"},

@@ -105,3 +105,26 @@ def test_the_backends_client_packs_in_c_and_guards_its_writes(url: str) -> None:
     client, _ = connect(url, socket_timeout_s=1, connect_timeout_s=1, max_connections=2)
     assert client.connection_pool.connection_class.__name__.startswith("CPackedGuarded")
     assert issubclass(client.connection_pool.connection_class, ClosedTransport)
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("redis+cluster://127.0.0.1:1,127.0.0.1:2/", Connection),
+        ("rediss+cluster://127.0.0.1:1/", SSLConnection),
+    ],
+)
+def test_a_clusters_own_node_pools_get_the_backends_class(url: str, base: type) -> None:
+    """Every node pool a Cluster client makes, now (its startup nodes) and later
+    (from its node options, on discovery or a redirect), packs in C and guards
+    its writes (nothing connects here)."""
+    cluster, mode = connect(url, socket_timeout_s=1, connect_timeout_s=1, max_connections=2)
+    assert mode == "cluster"
+    manager = cluster.nodes_manager
+    made = manager.connection_kwargs["connection_class"]
+    assert made is backend_connection_class(base, c_packing=True)
+    assert issubclass(made, ClosedTransport) and issubclass(made, base)
+    assert [node.connection_class for node in manager.startup_nodes.values()] == [made] * len(
+        manager.startup_nodes
+    )
+    assert len(manager.startup_nodes) == url.count(",") + 1
