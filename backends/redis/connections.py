@@ -82,16 +82,13 @@ def use_backend_connections(pool: Any) -> bool:
     return c_packing
 
 
-def use_backend_connections_on_cluster(cluster: Any) -> bool:
+def use_backend_connections_on_cluster(cluster: Any) -> None:
     """Give a redis-py asyncio ``RedisCluster`` (made, not yet connected) the
     backend's connection class on every node pool it makes: the node options
-    its nodes are made from, and the startup nodes already made from them.
-    True where it packs in C, as ``use_backend_connections``."""
+    its nodes are made from, and the startup nodes already made from them."""
     manager = cluster.nodes_manager
     options = manager.connection_kwargs
-    c_packing = packs_in_c(options)
-    made = backend_connection_class(options["connection_class"], c_packing=c_packing)
+    made = backend_connection_class(options["connection_class"], c_packing=packs_in_c(options))
     options["connection_class"] = made
     for node in manager.startup_nodes.values():
         node.connection_class = made
-    return c_packing

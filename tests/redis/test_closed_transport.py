@@ -7,7 +7,7 @@ closed") where asyncio's own loop would drop the bytes and report the lost
 connection on the read. redis-py converts only ``OSError`` there, so the
 RuntimeError reached the interceptor as an unexpected exception: INTERNAL
 for the send, which a client treats as definitive (seen once in a clean-clone
-CI run of ``tests/faults/test_redis_restart.py``, then 1 in 35 of its runs).
+CI run of ``tests/faults/test_redis_restart.py``, then in 1 of 120 looped runs).
 ``serve`` runs on uvloop, so these tests do too.
 """
 
