@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal, cast
 
+from backends.recovery_delegation import DelegatedRecovery
 from backends.redis import abandon, codec, history
 from backends.redis.commits import (
     COMMIT,
@@ -54,9 +55,6 @@ from service.domain.model import (
     InProgress,
     LoadedCommit,
     OutboxPublication,
-    QuarantinePage,
-    RecoveryItem,
-    RecoveryStats,
     ReserveCandidate,
     Reserved,
     ReserveResult,
@@ -68,7 +66,7 @@ PHYSICAL_GRACE_MS = 10 * 60 * 1000
 cleans up after it."""
 
 
-class RedisMessageStore(MessageStore):
+class RedisMessageStore(DelegatedRecovery, MessageStore):
     """MessageStore over one Redis deployment (see the package docs)."""
 
     atomic_publish_commit = True
@@ -402,36 +400,12 @@ class RedisMessageStore(MessageStore):
 
     # --- the recovery queue ------------------------------------------------------
 
-    async def scan_recoverable_commits(
-        self, older_than_ms: int, max_items: int
-    ) -> list[RecoveryItem]:
-        return await self._queue.scan(older_than_ms, max_items)
-
-    async def defer_recovery(
-        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
-    ) -> None:
-        await self._queue.defer(
-            item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
-        )
-
-    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
-        return await self._queue.quarantined(after, limit)
-
-    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
-        return await self._queue.item(key)
-
-    async def release_quarantined(self, key: CommitKey) -> bool:
-        return await self._queue.release(key)
-
     async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
         s = self._settings
         return await abandon.abandon_quarantined(
             self._calls, key, operator, reason,
             window_ms=s.idempotency_window_ms, ttl_ms=s.idempotency_window_ms + PHYSICAL_GRACE_MS,
         )  # fmt: skip
-
-    async def recovery_stats(self) -> RecoveryStats:
-        return await self._queue.stats()
 
     # --- history and readiness ---------------------------------------------------
 

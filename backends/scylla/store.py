@@ -49,6 +49,7 @@ from typing import Literal
 
 from cassandra.query import UNSET_VALUE
 
+from backends.recovery_delegation import DelegatedRecovery
 from backends.scylla.abandon import ABANDONED, Abandoner
 from backends.scylla.codec import (
     BODY_COLUMNS,
@@ -91,9 +92,6 @@ from service.domain.model import (
     LoadedCommit,
     MessageRecord,
     OutboxPublication,
-    QuarantinePage,
-    RecoveryItem,
-    RecoveryStats,
     ReserveCandidate,
     Reserved,
     ReserveResult,
@@ -128,8 +126,9 @@ PEEK_S = 2.0
 PEEKS = 10_000
 
 
-class ScyllaMessageStore(MessageStore):
+class ScyllaMessageStore(DelegatedRecovery, MessageStore):
     atomic_publish_commit = False  # two conditional writes: publish-mark, then commit-mark
+    _queue: RecoveryQueue  # the queue operations (DelegatedRecovery), and finish
 
     def __init__(
         self,
@@ -432,32 +431,8 @@ class ScyllaMessageStore(MessageStore):
 
     # --- the recovery queue (recovery_queue.py) ------------------------------------------
 
-    async def scan_recoverable_commits(
-        self, older_than_ms: int, max_items: int
-    ) -> list[RecoveryItem]:
-        return await self._queue.scan(older_than_ms, max_items)
-
-    async def defer_recovery(
-        self, item: RecoveryItem, *, retry_after_ms: int, quarantine: bool, problem: str
-    ) -> None:
-        await self._queue.defer(
-            item, retry_after_ms=retry_after_ms, quarantine=quarantine, problem=problem
-        )
-
-    async def quarantined(self, after: str, limit: int) -> QuarantinePage:
-        return await self._queue.quarantined(after, limit)
-
-    async def recovery_item(self, key: CommitKey) -> RecoveryItem | None:
-        return await self._queue.item(key)
-
-    async def release_quarantined(self, key: CommitKey) -> bool:
-        return await self._queue.release(key)
-
     async def abandon_quarantined(self, key: CommitKey, operator: str, reason: str) -> Abandonment:
         return await self._abandoner.abandon(key, operator, reason)
-
-    async def recovery_stats(self) -> RecoveryStats:
-        return await self._queue.stats()
 
     # --- history, readiness ----------------------------------------------------------
 
