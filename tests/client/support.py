@@ -18,6 +18,8 @@ from typing import Any
 
 from client import ClientRuntime, ConnectionState, RuntimeConfig, SendMessage
 from service.client import CommitClient, RetryPolicy
+from service.domain.errors import CursorExpired
+from service.domain.mailbox import MailboxCursor
 from service.domain.model import Direction, HistoryQuery, MessageContent, MessageRecord, MessageType
 from toolkit.client_campaign.host import TENANT, ClientHost
 from toolkit.client_campaign.servers import FAST_SERVER, MemoryServers
@@ -60,6 +62,28 @@ async def history(
                 return records
             anchor = page.next_anchor
     raise AssertionError("history did not end")
+
+
+async def sync_expired(target: str, tenant: str, user: str, cursor: MailboxCursor) -> bool:
+    """Whether the server answers a Sync from ``cursor`` with CURSOR_EXPIRED."""
+    async with await admin(target) as c:
+        try:
+            await c.sync(tenant, user, cursor, limit=1)
+        except CursorExpired:
+            return True
+    return False
+
+
+async def lane_head(target: str, tenant: str, user: str, lane: str) -> int:
+    """The seq of the newest entry the server holds in ``lane`` (its current epoch)."""
+    cursor = MailboxCursor(lane)
+    async with await admin(target) as c:
+        for _ in range(3):  # the start may be trimmed, or in an older epoch: ask again
+            try:
+                return (await c.sync(tenant, user, cursor, limit=1)).head
+            except CursorExpired as exc:
+                cursor = MailboxCursor(lane, exc.epoch, exc.trim_watermark)
+    raise AssertionError(f"the lane {lane!r} kept expiring under a fresh cursor")
 
 
 class Client(ClientHost):

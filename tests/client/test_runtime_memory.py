@@ -45,6 +45,7 @@ from tests.client.support import (
     admin,
     eventually,
     history,
+    sync_expired,
     text,
 )
 from toolkit.campaign.faulty import CallFault
@@ -124,15 +125,6 @@ async def _count(client: Client, n: int, conversation: str = "general") -> bool:
 
 async def _fired(servers: MemoryServers, point: RelayPoint) -> bool:
     return servers.faults.fired[point] > 0
-
-
-async def _expired_for(servers: MemoryServers, user: str, cursor: ServerCursor) -> bool:
-    async with await admin(servers.target) as c:
-        try:
-            await c.sync(TENANT, user, cursor)
-        except ServerCursorExpired:
-            return True
-    return False
 
 
 async def _lane_reaches(servers: MemoryServers, user: str, lane: str, seq: int) -> bool:
@@ -334,7 +326,8 @@ async def test_a_big_conversation_syncs_and_rebuilds_on_a_lane_of_its_own(
     # bob's cursor, or bob, back early, would follow them as they come and not expire;
     # and until it appended the last of the ten, or bob, rebuilt while it still
     # delivers, would see his new cursor trimmed too and expire twice (seen in CI).
-    await eventually(lambda: _expired_for(servers, "bob", ServerCursor("conversation:big", 1, 3)))
+    big_at_3 = ServerCursor("conversation:big", 1, 3)
+    await eventually(lambda: sync_expired(servers.target, TENANT, "bob", big_at_3))
     await eventually(lambda: _lane_reaches(servers, "bob", "conversation:big", 13))
     await bob.start()
     await eventually(lambda: _count(bob, 13, "big"), 30)
@@ -432,7 +425,8 @@ async def test_a_late_joiners_rebuild_backfills_only_what_it_may_read(
     for i in range(8):
         await alice.send("club", f"while dave is away {i}")
     await eventually(lambda: no_pending(alice))
-    await eventually(lambda: _expired_for(servers, "dave", ServerCursor("inbox", 1, 0)))
+    inbox_at_0 = ServerCursor("inbox", 1, 0)
+    await eventually(lambda: sync_expired(servers.target, TENANT, "dave", inbox_at_0))
     await dave.start()
     await eventually(lambda: _count(dave, 8, "club"), 30)
     assert any(isinstance(e, RebuildStarted) for e in dave.events)
