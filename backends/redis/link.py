@@ -54,6 +54,7 @@ from backends.redis.exchange import Arg as Arg
 from backends.redis.exchange import driver_traced, exchange
 from backends.redis.lua import Script
 from backends.redis.primaries import PrimaryConnections
+from backends.redis.shared import SharedConnection
 from service.domain.errors import (
     StoreCorrupt,
     StoreError,
@@ -275,6 +276,7 @@ class RedisLink:
             PrimaryConnections(client, client.mc_node_options) if self.cluster else None
         )
         self._pool: Any = None if self.cluster else getattr(client, "connection_pool", None)
+        self._shared = SharedConnection(self._pool) if self._pool is not None else None
         self._in_flight = 0  # round trips under way, for close()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -314,6 +316,8 @@ class RedisLink:
         pool = self._lean_pool()
         if pool is not None:
             with self._busy():
+                if self._shared is not None and not any(c[0] == "WAIT" for c in commands):
+                    return await self._shared.exchange(commands)
                 return await exchange(pool, commands)
         if key is not None:
             return await self._same_connection(key, commands)
@@ -560,6 +564,8 @@ class RedisLink:
             await self._release()
 
     async def _release(self) -> None:
+        if self._shared is not None:
+            await self._shared.close()
         if self._primaries is not None:
             await self._primaries.close()
         with contextlib.suppress(rx.RedisError, OSError):  # broken: nothing to release
