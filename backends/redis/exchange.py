@@ -1,5 +1,9 @@
 """Scripts sent on a pooled connection directly: one write, the replies read in order.
 
+The round trips that carry WAIT come here (Redis holds the connection that sent
+WAIT until the replicas answer, so it cannot be the one every caller shares);
+the others share one connection (``backends/redis/shared.py``).
+
 A commit's scripts went through redis-py's client objects: a command by
 ``Redis.execute_command``, several by a ``Pipeline``. Both add per call what
 the backend never uses (a pipeline object made and reset, the driver's
@@ -66,9 +70,15 @@ async def exchange(pool: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
 
 async def _send_and_read(connection: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
     await connection.send_packed_command(connection.pack_commands(commands))
+    return await read_replies(connection, len(commands))
+
+
+async def read_replies(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, or the first error reply among
+    them raised once all are read (the connection stays in step)."""
     replies: list[Any] = []
     first_error: rx.ResponseError | None = None
-    for _ in commands:
+    for _ in range(count):
         try:
             replies.append(await connection.read_response())
         except rx.ResponseError as error:  # the reply was read: the next ones follow

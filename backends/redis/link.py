@@ -16,6 +16,8 @@ Everything the store and the outbox send goes through ``RedisLink``, which
 
 * counts each round trip in ``requests["redis_call"]``;
 * runs scripts by EVALSHA and reloads one on NOSCRIPT (nothing ran: sent again);
+  on one server or behind Sentinel, scripts share one connection (``shared.py``),
+  except a round trip with WAIT, which takes a pooled one (``exchange.py``);
 * lets the driver send a command again after a failed or timed-out connection,
   except a script that is not repeatable (``Script.repeatable``: the relay's
   claim and settle): its reply may have been lost after it ran, so the caller

@@ -41,7 +41,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from backends.redis.exchange import Arg
+from backends.redis.exchange import Arg, read_replies
 
 _FAILURES = (rx.ConnectionError, rx.TimeoutError, OSError)
 
@@ -136,19 +136,16 @@ class SharedConnection:
         try:
             while session.unanswered and session.failed is None:
                 call = session.unanswered[0]
-                replies: list[Any] = []
-                first_error: rx.ResponseError | None = None
-                for _ in range(call.replies):
-                    try:
-                        replies.append(await connection.read_response())
-                    except rx.ResponseError as error:  # read: the next replies follow
-                        replies.append(error)
-                        first_error = first_error or error
+                refused: rx.ResponseError | None = None
+                try:
+                    replies = await read_replies(connection, call.replies)
+                except rx.ResponseError as error:  # every reply was read: still in step
+                    refused = error
                 session.unanswered.popleft()
                 if call.future.done():  # its caller was cancelled: the replies are dropped
                     continue
-                if first_error is not None:
-                    call.future.set_exception(first_error)
+                if refused is not None:
+                    call.future.set_exception(refused)
                 else:
                     call.future.set_result(replies)
         except BaseException as error:  # every call on it learns of it
