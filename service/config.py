@@ -91,7 +91,8 @@ class ServiceConfig:
     ``migrate`` writes it when it initialises a deployment and checks it otherwise."""
 
     redis_max_connections: int = 128
-    """Redis connections this replica may open; callers beyond it wait for a free one."""
+    """Redis connections this replica may open (at least 2: the scripts share one);
+    callers beyond it wait for a free one."""
 
     redis_wait_replicas: int | None = field(default=None, metadata={"kind": "replicas"})
     """Replicas that must hold a commit before it is acknowledged (Redis WAIT). auto:
@@ -658,6 +659,11 @@ def validate(config: ServiceConfig, *, require_backend: bool = True) -> None:
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"MC_{name.upper()} must be positive")
+    if config.redis_max_connections < 2:
+        raise ConfigError(
+            "MC_REDIS_MAX_CONNECTIONS must be at least 2: the scripts share one connection,"
+            " and every other call takes one of the rest"
+        )
     if config.history_retention < config.idempotency_window:
         raise ConfigError(
             "MC_HISTORY_RETENTION must be at least MC_IDEMPOTENCY_WINDOW: a replayed ACK"

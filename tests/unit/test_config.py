@@ -94,6 +94,10 @@ def test_durations_print_back_in_their_largest_unit() -> None:
         ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "-1"}, "auto or a number"),
         ({"MC_BACKEND": "memory", "MC_REDIS_WAIT_REPLICAS": "all"}, "auto or a number"),
         ({"MC_BACKEND": "memory", "MC_FANOUT_THRESHOLD": "0"}, "MC_FANOUT_THRESHOLD must be"),
+        (
+            {"MC_BACKEND": "memory", "MC_REDIS_MAX_CONNECTIONS": "1"},
+            "MC_REDIS_MAX_CONNECTIONS must be at least 2",
+        ),
         ({"MC_BACKEND": "memory", "MC_RELAY_BATCH": "1001"}, "MC_RELAY_BATCH must be at most"),
         ({"MC_BACKEND": "memory", "MC_RELAY_LEASE": "500ms"}, "MC_RELAY_LEASE must be at least"),
         ({"MC_BACKEND": "memory", "MC_RELAY_BUSY_PAUSE": "2s"}, "MC_RELAY_BUSY_PAUSE must be"),
