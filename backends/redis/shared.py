@@ -91,9 +91,10 @@ class SharedConnection:
 
     async def _round_trip(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         session = await self._current()
+        packed = session.connection.pack_commands(commands)  # refused here: nothing queued
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         session.unanswered.append(_Call(future, len(commands)))
-        session.unwritten.extend(session.connection.pack_commands(commands))
+        session.unwritten.extend(packed)
         if session.writer is None:
             session.writer = asyncio.create_task(self._write(session))
         if session.reader is None:

@@ -75,6 +75,15 @@ async def test_an_error_reply_fails_only_its_own_round_trip_once_all_its_replies
     assert await shared.exchange([("INCR", mine)]) == [3]  # its third command ran; in step
 
 
+async def test_a_round_trip_that_cannot_be_packed_fails_alone_and_sends_nothing(
+    shared: SharedConnection,
+) -> None:
+    key = unique("k")
+    with pytest.raises(rx.DataError):
+        await shared.exchange([("INCR", key), ("SET", key, None)])  # type: ignore[list-item]
+    assert await shared.exchange([("INCR", key)]) == [1]  # its INCR never went out; in step
+
+
 async def test_a_cancelled_caller_leaves_the_connection_in_step(redis_url: str) -> None:
     client = Redis.from_url(redis_url, socket_timeout=5, retry=Retry(NoBackoff(), 0))
     shared = SharedConnection(client.connection_pool)
