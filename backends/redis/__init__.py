@@ -59,15 +59,18 @@ def open_link(
     socket_timeout_s: float = 2.0,
     connect_timeout_s: float = 1.0,
     max_connections: int = 128,
+    share: bool = True,
 ) -> RedisLink:
-    """A counted connection to ``url`` (nothing sent yet)."""
+    """A counted connection to ``url`` (nothing sent yet). ``share``: scripts without
+    WAIT share one connection (False where replicas are waited for: see
+    ``backends/redis/shared.py``)."""
     client, mode = connect(
         url,
         socket_timeout_s=socket_timeout_s,
         connect_timeout_s=connect_timeout_s,
         max_connections=max_connections,
     )
-    return RedisLink(client, Counter(), mode)
+    return RedisLink(client, Counter(), mode, share=share)
 
 
 async def open_redis_backend(
@@ -106,6 +109,7 @@ async def open_redis_backend(
         socket_timeout_s=socket_timeout_s,
         connect_timeout_s=connect_timeout_s,
         max_connections=max_connections,
+        share=wait_replicas == 0,
     )
     try:
         await link.call("PING", write=False)

@@ -16,8 +16,9 @@ Everything the store and the outbox send goes through ``RedisLink``, which
 
 * counts each round trip in ``requests["redis_call"]``;
 * runs scripts by EVALSHA and reloads one on NOSCRIPT (nothing ran: sent again);
-  on one server or behind Sentinel, scripts share one connection (``shared.py``),
-  except a round trip with WAIT, which takes a pooled one (``exchange.py``);
+  on one server or behind Sentinel, scripts share one connection (``shared.py``)
+  unless the deployment waits for replicas; a round trip with WAIT, and every one
+  where replicas are waited for, takes a pooled one (``exchange.py``);
 * lets the driver send a command again after a failed or timed-out connection,
   except a script that is not repeatable (``Script.repeatable``: the relay's
   claim and settle): its reply may have been lost after it ran, so the caller
@@ -267,7 +268,9 @@ def connect(
 class RedisLink:
     """A Redis client (any topology) plus the backend's round-trip counter."""
 
-    def __init__(self, client: Any, requests: Counter[str], mode: str = "single") -> None:
+    def __init__(
+        self, client: Any, requests: Counter[str], mode: str = "single", *, share: bool = True
+    ) -> None:
         self.client = client
         self.requests = requests
         self.mode = mode
@@ -278,7 +281,7 @@ class RedisLink:
             PrimaryConnections(client, client.mc_node_options) if self.cluster else None
         )
         self._pool: Any = None if self.cluster else getattr(client, "connection_pool", None)
-        self._shared = SharedConnection(self._pool) if self._pool is not None else None
+        self._shared = SharedConnection(self._pool) if self._pool is not None and share else None
         self._in_flight = 0  # round trips under way, for close()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -299,6 +302,11 @@ class RedisLink:
     async def _execute(self, *args: Arg) -> Any:
         with self._busy():
             return await self._send(*args)
+
+    @property
+    def shares_connection(self) -> bool:
+        """Whether scripts without WAIT share one connection (``shared.py``)."""
+        return self._shared is not None
 
     def _lean_pool(self) -> Any:
         """The pool scripts are exchanged on directly (``exchange``): one server or

@@ -27,8 +27,22 @@ caller use it at once:
   close its connection there).
 
 Not for WAIT: Redis blocks the connection that sent it until the replicas
-answer, which would stall every caller behind it. Round trips with WAIT (a
-deployment with ``MC_REDIS_WAIT_REPLICAS`` > 0) keep a connection of their own.
+answer, which would stall every caller behind it. Round trips with WAIT keep a
+connection of their own.
+
+Not where replicas are waited for (``MC_REDIS_WAIT_REPLICAS`` > 0) at all: there
+some answers rest on a write made in one round trip and a barrier (an INCR and
+WAIT) sent in another (the relay's mailbox appends, a re-read outside reserve),
+which holds only while both reach the same server. After a failover the shared
+connection stays with the server it was opened on until an error takes it off,
+while a new pooled connection reaches the new primary, so a primary that was
+paused and resumed before its demotion can take the writes while the new
+primary's replica acknowledges the barrier. With sharing on there, the e2e
+nemesis on Sentinel (seed 4745, a 2.7 s pause of the primary) ended with a
+device holding a message the failover lost and its seq given to another
+(``two different messages arrived for one conversation seq``). Such a deployment
+keeps a pooled connection per round trip, as before: ``open_redis_backend``
+opens its link without sharing.
 """
 
 from __future__ import annotations

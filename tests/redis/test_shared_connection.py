@@ -19,8 +19,10 @@ from redis.backoff import NoBackoff
 from backends.redis.link import RedisLink, connect
 from backends.redis.lua import script
 from backends.redis.shared import SharedConnection
+from backends.redis.store import RedisMessageStore
 from service.domain.errors import StoreOutcomeUnknown
 from tests.redis.test_exchange import SLOW
+from tests.servers.redis_server import open_initialised
 from tests.support import unique
 
 pytestmark = pytest.mark.redis
@@ -177,3 +179,18 @@ async def test_a_wait_keeps_a_connection_of_its_own(redis_url: str) -> None:
         assert (await waiting)[1] == 0  # no replica acknowledged, after its 1.5 s
     finally:
         await link.close()
+
+
+@pytest.mark.parametrize(("wait", "shared"), [(0, True), (1, False)])
+async def test_a_backend_that_waits_for_replicas_shares_no_connection(
+    redis_url: str, wait: int, shared: bool
+) -> None:
+    """With replicas waited for, some answers rest on a write and a barrier sent in two
+    round trips, which must reach the same server; a connection that outlived a
+    failover could take one and not the other (``shared.py``): no sharing there."""
+    backend = await open_initialised(redis_url, unique("mcs"), wait_replicas=wait)
+    try:
+        assert isinstance(backend.store, RedisMessageStore)
+        assert backend.store.replication.link.shares_connection is shared
+    finally:
+        await backend.close()
