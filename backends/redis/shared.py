@@ -124,14 +124,8 @@ class SharedConnection:
                 raise rx.ConnectionError("the shared connection is closed")
             session = self._session
             if session is None or session.failed is not None:
-                connection = await self._pool.get_connection()
-                try:
-                    if not connection.is_connected:
-                        await connection.connect()
-                except BaseException:
-                    await self._pool.release(connection)
-                    raise
-                session = self._session = _Session(connection)
+                # connected by the pool (which gives it back itself if that fails)
+                session = self._session = _Session(await self._pool.get_connection())
             return session
 
     async def _write(self, session: _Session) -> None:
